@@ -1,0 +1,217 @@
+//! Buffer Manager counters, named and meant as SQL Server's where they apply.
+//!
+//! "/sec" counters are cumulative counts, as sys.dm_os_performance_counters reports them; a monitor
+//! takes differences. Gauges are read at snapshot time from the tiers.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+/// SQL Server's cntr_type values, so monitoring queries written for it read ours unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CounterKind {
+    /// PERF_COUNTER_LARGE_RAWCOUNT (65792): a current value.
+    Gauge,
+    /// PERF_COUNTER_BULK_COUNT (272696576): a cumulative count; rate = difference / seconds.
+    Cumulative,
+    /// PERF_LARGE_RAW_FRACTION (537003264): numerator of a ratio.
+    Fraction,
+    /// PERF_LARGE_RAW_BASE (1073939712): denominator of the ratio above it.
+    Base,
+}
+
+impl CounterKind {
+    pub fn cntr_type(self) -> i64 {
+        match self {
+            CounterKind::Gauge => 65792,
+            CounterKind::Cumulative => 272696576,
+            CounterKind::Fraction => 537003264,
+            CounterKind::Base => 1073939712,
+        }
+    }
+}
+
+/// Event counts, bumped on the I/O paths.
+#[derive(Default)]
+pub struct Counters {
+    pub page_lookups: AtomicU64,
+    pub l1_hits: AtomicU64,
+    pub page_reads: AtomicU64,
+    pub page_writes: AtomicU64,
+    pub readahead_pages: AtomicU64,
+    pub lazy_writes: AtomicU64,
+    pub ext_page_reads: AtomicU64,
+    pub ext_page_writes: AtomicU64,
+    pub ext_page_evictions: AtomicU64,
+    pub ext_checksum_failures: AtomicU64,
+    pub ext_io_errors: AtomicU64,
+    pub ext_bytes_written: AtomicU64,
+    pub ext_sequential_write_pages: AtomicU64,
+    pub ext_admissions_dropped: AtomicU64,
+    pub ext_outstanding_io: AtomicI64,
+    /// Moving average, in milliseconds, of how long evicted L1 pages had been resident.
+    pub l1_residence_ms: AtomicU64,
+    /// Moving average, in milliseconds, of how long evicted L2 pages had gone unreferenced.
+    pub ext_unreferenced_ms: AtomicU64,
+}
+
+impl Counters {
+    pub fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Relaxed);
+    }
+
+    /// Folds one sample into a moving average (weight 1/16), lock-free and approximate.
+    pub fn average_in(avg: &AtomicU64, sample_ms: u64) {
+        let old = avg.load(Relaxed);
+        let new = if old == 0 {
+            sample_ms
+        } else {
+            (old * 15 + sample_ms) / 16
+        };
+        avg.store(new, Relaxed);
+    }
+}
+
+/// Gauges read from the tiers at snapshot time.
+#[derive(Clone, Debug, Default)]
+pub struct Gauges {
+    pub database_pages: u64,
+    pub target_pages: u64,
+    pub free_pages: u64,
+    pub memory_bytes: u64,
+    pub max_memory: u64,
+    pub uptime_ms: u64,
+    pub ext_allocated_pages: u64,
+    pub ext_total_pages: u64,
+    pub ext_index_bytes: u64,
+}
+
+/// One counter as sys.dm_os_performance_counters shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CounterRow {
+    pub name: &'static str,
+    pub value: i64,
+    pub kind: CounterKind,
+}
+
+/// A consistent-enough copy of every counter at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct CounterSnapshot {
+    pub page_lookups: u64,
+    pub l1_hits: u64,
+    pub page_reads: u64,
+    pub page_writes: u64,
+    pub readahead_pages: u64,
+    pub lazy_writes: u64,
+    pub page_life_expectancy_s: u64,
+    pub database_pages: u64,
+    pub target_pages: u64,
+    pub free_pages: u64,
+    pub memory_bytes: u64,
+    pub max_memory: u64,
+    pub ext_allocated_pages: u64,
+    pub ext_free_pages: u64,
+    pub ext_in_use_percent: u64,
+    pub ext_outstanding_io: i64,
+    pub ext_page_evictions: u64,
+    pub ext_page_reads: u64,
+    pub ext_page_writes: u64,
+    pub ext_unreferenced_s: u64,
+    pub ext_checksum_failures: u64,
+    pub ext_io_errors: u64,
+    pub ext_index_bytes: u64,
+    pub ext_bytes_written: u64,
+    pub ext_sequential_write_percent: u64,
+    pub ext_admissions_dropped: u64,
+}
+
+impl CounterSnapshot {
+    pub fn take(c: &Counters, g: &Gauges) -> Self {
+        let l = |a: &AtomicU64| a.load(Relaxed);
+        let residence = l(&c.l1_residence_ms);
+        let ext_writes = l(&c.ext_page_writes);
+        CounterSnapshot {
+            page_lookups: l(&c.page_lookups),
+            l1_hits: l(&c.l1_hits),
+            page_reads: l(&c.page_reads),
+            page_writes: l(&c.page_writes),
+            readahead_pages: l(&c.readahead_pages),
+            lazy_writes: l(&c.lazy_writes),
+            // Until something is evicted, pages have lived as long as the pool.
+            page_life_expectancy_s: if residence == 0 { g.uptime_ms } else { residence } / 1000,
+            database_pages: g.database_pages,
+            target_pages: g.target_pages,
+            free_pages: g.free_pages,
+            memory_bytes: g.memory_bytes,
+            max_memory: g.max_memory,
+            ext_allocated_pages: g.ext_allocated_pages,
+            ext_free_pages: g.ext_total_pages - g.ext_allocated_pages,
+            ext_in_use_percent: (g.ext_allocated_pages * 100)
+                .checked_div(g.ext_total_pages)
+                .unwrap_or(0),
+            ext_outstanding_io: c.ext_outstanding_io.load(Relaxed),
+            ext_page_evictions: l(&c.ext_page_evictions),
+            ext_page_reads: l(&c.ext_page_reads),
+            ext_page_writes: ext_writes,
+            ext_unreferenced_s: l(&c.ext_unreferenced_ms) / 1000,
+            ext_checksum_failures: l(&c.ext_checksum_failures),
+            ext_io_errors: l(&c.ext_io_errors),
+            ext_index_bytes: g.ext_index_bytes,
+            ext_bytes_written: l(&c.ext_bytes_written),
+            ext_sequential_write_percent: (l(&c.ext_sequential_write_pages) * 100)
+                .checked_div(ext_writes)
+                .unwrap_or(100),
+            ext_admissions_dropped: l(&c.ext_admissions_dropped),
+        }
+    }
+
+    /// L1 hits over lookups, in percent (what perfmon shows for Buffer cache hit ratio).
+    pub fn hit_ratio_percent(&self) -> f64 {
+        if self.page_lookups == 0 {
+            100.0
+        } else {
+            self.l1_hits as f64 * 100.0 / self.page_lookups as f64
+        }
+    }
+
+    /// Every counter under SQL Server's name (ours after theirs), as the DMV lists them.
+    pub fn rows(&self) -> Vec<CounterRow> {
+        use CounterKind::*;
+        let r = |name, value: u64, kind| CounterRow {
+            name,
+            value: value as i64,
+            kind,
+        };
+        vec![
+            r("Buffer cache hit ratio", self.l1_hits, Fraction),
+            r("Buffer cache hit ratio base", self.page_lookups, Base),
+            r("Page lookups/sec", self.page_lookups, Cumulative),
+            r("Page reads/sec", self.page_reads, Cumulative),
+            r("Page writes/sec", self.page_writes, Cumulative),
+            r("Readahead pages/sec", self.readahead_pages, Cumulative),
+            r("Lazy writes/sec", self.lazy_writes, Cumulative),
+            r("Page life expectancy", self.page_life_expectancy_s, Gauge),
+            r("Database pages", self.database_pages, Gauge),
+            r("Target pages", self.target_pages, Gauge),
+            r("Free pages", self.free_pages, Gauge),
+            r("Extension allocated pages", self.ext_allocated_pages, Gauge),
+            r("Extension free pages", self.ext_free_pages, Gauge),
+            r("Extension in use as percentage", self.ext_in_use_percent, Gauge),
+            CounterRow {
+                name: "Extension outstanding IO counter",
+                value: self.ext_outstanding_io,
+                kind: Gauge,
+            },
+            r("Extension page evictions/sec", self.ext_page_evictions, Cumulative),
+            r("Extension page reads/sec", self.ext_page_reads, Cumulative),
+            r("Extension page writes/sec", self.ext_page_writes, Cumulative),
+            r("Extension page unreferenced time", self.ext_unreferenced_s, Gauge),
+            r("Extension page checksum failures", self.ext_checksum_failures, Cumulative),
+            r("Extension I/O errors", self.ext_io_errors, Cumulative),
+            r("Extension index bytes", self.ext_index_bytes, Gauge),
+            r("Extension bytes written", self.ext_bytes_written, Cumulative),
+            r("Extension sequential write percentage", self.ext_sequential_write_percent, Gauge),
+            r("Extension admissions dropped", self.ext_admissions_dropped, Cumulative),
+            r("Memory used bytes", self.memory_bytes, Gauge),
+            r("Max server memory bytes", self.max_memory, Gauge),
+        ]
+    }
+}

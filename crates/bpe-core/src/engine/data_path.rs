@@ -1,0 +1,213 @@
+//! Where a page goes. Read: L1 (RAM), then L2 (the extension), then the data file, and the copy
+//! that was found is installed in L1. Write: the data file first, then the clean copy in L1; the
+//! L2 copy is dropped before the data file is touched, so L2 can never serve a stale page.
+//!
+//! Staleness and tearing are ruled out by the pool's per-page pending entries: a load installs
+//! its bytes only if no write to the page started while it was reading, and readers of a page
+//! being written wait for the write, so every read returns bytes of a completed write.
+
+use super::Engine;
+use crate::config::{READAHEAD_BYTES, READAHEAD_TRIGGER};
+use crate::counters::Counters;
+use crate::files::FileHandle;
+use crate::page::{PageKey, Tier};
+use crate::pool::{Frame, Lookup, Ticket};
+use crate::{Error, Result};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+/// The outcome of a page read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageRead {
+    /// Where the bytes came from.
+    pub tier: Tier,
+    /// Bytes that exist in the file; less than the page size at end of file (the rest is zeros
+    /// and nothing was cached).
+    pub len: usize,
+}
+
+impl Engine {
+    /// Reads page `page` of `file` into `buf` (exactly one page).
+    pub fn read_page(&self, file: &FileHandle, page: u64, buf: &mut [u8]) -> Result<PageRead> {
+        let page_size = file.page_size();
+        if buf.len() != page_size {
+            return Err(Error::BufferSize {
+                got: buf.len(),
+                page_size,
+            });
+        }
+        let key = PageKey::new(file.id, page);
+        Counters::bump(&self.counters.page_lookups);
+        if self.tracing.load(Relaxed) {
+            self.trace.lock().push(key);
+        }
+        loop {
+            match self.pool.lookup(key) {
+                Lookup::Hit(frame) => {
+                    frame.touch(self.now_ms());
+                    buf.copy_from_slice(&frame.data);
+                    Counters::bump(&self.counters.l1_hits);
+                    return Ok(PageRead {
+                        tier: Tier::Memory,
+                        len: page_size,
+                    });
+                }
+                Lookup::Wait(pending) => pending.wait(),
+                Lookup::Load(ticket) => {
+                    if let Some(read) = self.load(file, ticket, buf)? {
+                        return Ok(read);
+                    }
+                    // A write to this page started while we read it: read it again.
+                }
+            }
+        }
+    }
+
+    /// Fetches a missed page from L2 or the data file. None if a racing write voided the read.
+    fn load(&self, file: &FileHandle, ticket: Ticket, buf: &mut [u8]) -> Result<Option<PageRead>> {
+        let started = Instant::now();
+        let key = ticket.key;
+        if let Some(ext) = self.current_extension() {
+            if ext.read(key, buf) {
+                let frame = self.frame(key, buf, started, false);
+                return Ok(self
+                    .pool
+                    .finish_load(ticket, frame, self)
+                    .then_some(PageRead {
+                        tier: Tier::Extension,
+                        len: buf.len(),
+                    }));
+            }
+        }
+        let len = match self.read_data_file(file, key, buf) {
+            Ok(n) => n,
+            Err(e) => {
+                self.pool.abort(ticket);
+                return Err(e);
+            }
+        };
+        let read = PageRead {
+            tier: Tier::DataFile,
+            len,
+        };
+        if len < buf.len() {
+            // Past end of file: report it, cache nothing.
+            self.pool.abort(ticket);
+            return Ok(Some(read));
+        }
+        let frame = self.frame(key, buf, started, false);
+        Ok(self.pool.finish_load(ticket, frame, self).then_some(read))
+    }
+
+    fn frame(&self, key: PageKey, data: &[u8], started: Instant, prefetched: bool) -> Frame {
+        let micros = started.elapsed().as_micros().min(u32::MAX as u128) as u32;
+        Frame::new(key, data.into(), self.now_ms(), micros, prefetched)
+    }
+
+    /// Reads a page from the data file; on a sequential run, also the pages after it in one
+    /// larger read, installed in L1 as prefetched.
+    fn read_data_file(&self, file: &FileHandle, key: PageKey, buf: &mut [u8]) -> Result<usize> {
+        let page_size = buf.len();
+        let offset = key.page * page_size as u64;
+        let sequential = self.config.readahead && file.readahead.on_miss(key.page);
+        let tickets = if sequential {
+            self.prefetch_tickets(file, key, page_size)?
+        } else {
+            Vec::new()
+        };
+        if tickets.is_empty() {
+            let n = file.data.read_at(offset, buf)?;
+            Counters::bump(&self.counters.page_reads);
+            return Ok(n);
+        }
+        let started = Instant::now();
+        let mut chunk = vec![0u8; page_size * (1 + tickets.len())];
+        let got = match file.data.read_at(offset, &mut chunk) {
+            Ok(n) => n,
+            Err(e) => {
+                tickets.into_iter().for_each(|t| self.pool.abort(t));
+                return Err(e);
+            }
+        };
+        let pages_read = got.div_ceil(page_size) as u64;
+        self.counters.page_reads.fetch_add(pages_read, Relaxed);
+        buf.copy_from_slice(&chunk[..page_size]);
+        let mut fetched = 0;
+        for (i, ticket) in tickets.into_iter().enumerate() {
+            let part = &chunk[(i + 1) * page_size..(i + 2) * page_size];
+            if (i + 2) * page_size <= got {
+                let frame = self.frame(ticket.key, part, started, true);
+                self.pool.finish_load(ticket, frame, self);
+                fetched += 1;
+            } else {
+                self.pool.abort(ticket);
+            }
+        }
+        self.counters.readahead_pages.fetch_add(fetched, Relaxed);
+        file.readahead.fetched_until(key.page + 1 + fetched);
+        Ok(got.min(page_size))
+    }
+
+    /// Loader tickets for the run of uncached pages after `key`, within the readahead window
+    /// and the file.
+    fn prefetch_tickets(&self, file: &FileHandle, key: PageKey, page_size: usize) -> Result<Vec<Ticket>> {
+        let window = (READAHEAD_BYTES / page_size).max(READAHEAD_TRIGGER as usize) as u64;
+        let file_pages = file.data.len()? / page_size as u64;
+        let end = (key.page + window).min(file_pages);
+        let mut tickets = Vec::new();
+        for page in key.page + 1..end {
+            match self.pool.try_prefetch(PageKey::new(key.file, page)) {
+                Some(t) => tickets.push(t),
+                None => break,
+            }
+        }
+        Ok(tickets)
+    }
+
+    /// Writes page `page` of `file` through to the data file, then caches the clean copy.
+    pub fn write_page(&self, file: &FileHandle, page: u64, data: &[u8]) -> Result<()> {
+        let page_size = file.page_size();
+        if data.len() != page_size {
+            return Err(Error::BufferSize {
+                got: data.len(),
+                page_size,
+            });
+        }
+        let key = PageKey::new(file.id, page);
+        let ticket = self.pool.begin_write(key);
+        // After begin_write no eviction can re-admit the old bytes, so this drop is final.
+        if let Some(ext) = self.extension.read().as_ref() {
+            ext.invalidate(key);
+        }
+        match file.data.write_at(page * page_size as u64, data) {
+            Ok(()) => {
+                Counters::bump(&self.counters.page_writes);
+                let frame = Frame::new(key, data.into(), self.now_ms(), 0, false);
+                self.pool.finish_write(ticket, Some(frame), self);
+                Ok(())
+            }
+            Err(e) => {
+                // What reached the disk is unknown: cache nothing of this page.
+                self.pool.finish_write(ticket, None, self);
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads bytes that are not a whole page (a file header) straight from the data file.
+    pub fn read_uncached(&self, file: &FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        file.data.read_at(offset, buf)
+    }
+
+    /// Truncates the data file and forgets cached pages past the new end.
+    pub fn truncate(&self, file: &FileHandle, len: u64) -> Result<()> {
+        file.data.truncate(len)?;
+        self.forget_pages(file.id, len.div_ceil(file.page_size() as u64));
+        Ok(())
+    }
+
+    /// Makes previous writes durable.
+    pub fn sync(&self, file: &FileHandle) -> Result<()> {
+        file.data.sync()
+    }
+}

@@ -1,0 +1,23 @@
+//! sqlite-bpe's engine-agnostic core: an instance-wide RAM buffer pool (L1) and a buffer pool
+//! extension on fast local storage (L2) holding clean pages only, over data files read with
+//! O_DIRECT. Nothing here knows about SQLite: callers name pages by (file, page number).
+//!
+//! Start at [`Engine`]: `engine/data_path.rs` is where a page goes on a read and a write.
+
+pub mod config;
+pub mod counters;
+mod engine;
+pub mod error;
+pub mod extension;
+pub mod files;
+pub mod io;
+pub mod page;
+pub mod pool;
+mod readahead;
+
+pub use config::{Config, DeviceEmulation};
+pub use counters::{CounterKind, CounterRow, CounterSnapshot};
+pub use engine::{BufferDescriptor, Engine, ExtensionState, ExtensionStatus, PageRead};
+pub use error::{Error, Result};
+pub use files::{FileHandle, FileInfo};
+pub use page::{FileId, PageKey, Tier};

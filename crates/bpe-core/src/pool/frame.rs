@@ -1,0 +1,58 @@
+//! A cached page in RAM. Its bytes never change: a write replaces the frame.
+
+use crate::config::L1_FRAME_OVERHEAD;
+use crate::page::PageKey;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+
+pub struct Frame {
+    pub key: PageKey,
+    pub data: Box<[u8]>,
+    /// Accesses since queued (saturates at 3); the replacer reads and decays it.
+    pub freq: AtomicU8,
+    /// Brought in by readahead and not yet read: its first read is not a re-reference.
+    prefetched: AtomicBool,
+    resident: AtomicBool,
+    pub loaded_ms: u64,
+    pub last_access_ms: AtomicU64,
+    /// Microseconds the read that brought this page in took.
+    pub read_micros: u32,
+}
+
+impl Frame {
+    pub fn new(key: PageKey, data: Box<[u8]>, now_ms: u64, read_micros: u32, prefetched: bool) -> Self {
+        Frame {
+            key,
+            data,
+            freq: AtomicU8::new(0),
+            prefetched: AtomicBool::new(prefetched),
+            resident: AtomicBool::new(true),
+            loaded_ms: now_ms,
+            last_access_ms: AtomicU64::new(now_ms),
+            read_micros,
+        }
+    }
+
+    /// Bytes this frame counts against max server memory.
+    pub fn charge(&self) -> u64 {
+        self.data.len() as u64 + L1_FRAME_OVERHEAD
+    }
+
+    pub fn touch(&self, now_ms: u64) {
+        self.last_access_ms.store(now_ms, Relaxed);
+        if self.prefetched.swap(false, Relaxed) {
+            return;
+        }
+        let f = self.freq.load(Relaxed);
+        if f < 3 {
+            self.freq.store(f + 1, Relaxed);
+        }
+    }
+
+    pub fn is_resident(&self) -> bool {
+        self.resident.load(Relaxed)
+    }
+
+    pub(super) fn set_evicted(&self) {
+        self.resident.store(false, Relaxed);
+    }
+}

@@ -1,0 +1,304 @@
+//! L1: the RAM buffer pool, one per engine, shared by every file.
+//!
+//! The page table is split into shards, each behind its own lock, so a hit takes one shard's read
+//! lock and never a global one. Misses and evictions go through the replacer's lock; they are
+//! about to do I/O anyway. The memory bound is enforced in [`BufferPool::make_room`] and nowhere else.
+
+mod frame;
+mod pending;
+mod replacer;
+
+pub use frame::Frame;
+pub use pending::Pending;
+
+use crate::page::{FileId, PageKey};
+use parking_lot::{Mutex, RwLock};
+use replacer::Replacer;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+const SHARDS: usize = 64;
+
+#[derive(Default)]
+struct Shard {
+    frames: HashMap<PageKey, Arc<Frame>>,
+    pending: HashMap<PageKey, Arc<Pending>>,
+}
+
+/// Receives frames leaving L1, while the frame's shard is still locked so that no write to the
+/// page can start until the sink has done its bookkeeping (this is what keeps L2 free of stale pages).
+pub trait EvictionSink {
+    fn evicted(&self, frame: &Arc<Frame>);
+}
+
+/// The outcome of looking a page up.
+pub enum Lookup {
+    Hit(Arc<Frame>),
+    /// Another thread is reading or writing this page: wait for it, then look again.
+    Wait(Arc<Pending>),
+    /// The caller must fetch the page and hand it to [`BufferPool::finish_load`] or `abort`.
+    Load(Ticket),
+}
+
+/// The right to install one page: held by the thread doing its I/O.
+pub struct Ticket {
+    pub key: PageKey,
+    pending: Arc<Pending>,
+}
+
+pub struct BufferPool {
+    shards: Vec<RwLock<Shard>>,
+    hasher: std::collections::hash_map::RandomState,
+    replacer: Mutex<Replacer>,
+    /// Bytes charged by resident frames.
+    used: AtomicU64,
+    /// What L1 may use: max server memory less the extension index.
+    target: AtomicU64,
+    live_frames: AtomicUsize,
+}
+
+impl BufferPool {
+    pub fn new(target_bytes: u64) -> Self {
+        BufferPool {
+            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            hasher: Default::default(),
+            replacer: Mutex::new(Replacer::default()),
+            used: AtomicU64::new(0),
+            target: AtomicU64::new(target_bytes),
+            live_frames: AtomicUsize::new(0),
+        }
+    }
+
+    fn shard(&self, key: &PageKey) -> &RwLock<Shard> {
+        let mut h = self.hasher.build_hasher();
+        key.hash(&mut h);
+        &self.shards[h.finish() as usize % SHARDS]
+    }
+
+    /// The hit path: one shard read lock. On a miss, registers the caller as the page's loader.
+    pub fn lookup(&self, key: PageKey) -> Lookup {
+        if let Some(frame) = self.shard(&key).read().frames.get(&key) {
+            return Lookup::Hit(frame.clone());
+        }
+        let mut shard = self.shard(&key).write();
+        if let Some(frame) = shard.frames.get(&key) {
+            return Lookup::Hit(frame.clone());
+        }
+        if let Some(p) = shard.pending.get(&key) {
+            return Lookup::Wait(p.clone());
+        }
+        let pending = Arc::new(Pending::new(false));
+        shard.pending.insert(key, pending.clone());
+        Lookup::Load(Ticket { key, pending })
+    }
+
+    /// A loader ticket for readahead: only for pages neither cached nor in flight.
+    pub fn try_prefetch(&self, key: PageKey) -> Option<Ticket> {
+        let mut shard = self.shard(&key).write();
+        if shard.frames.contains_key(&key) || shard.pending.contains_key(&key) {
+            return None;
+        }
+        let pending = Arc::new(Pending::new(false));
+        shard.pending.insert(key, pending.clone());
+        Some(Ticket { key, pending })
+    }
+
+    /// Installs a loaded page unless a write to it started meanwhile. Returns whether it was
+    /// installed; when not, the caller's bytes may predate that write and must be read again.
+    pub fn finish_load(&self, ticket: Ticket, frame: Frame, sink: &dyn EvictionSink) -> bool {
+        let installed = !ticket.pending.is_invalidated();
+        self.release(&ticket, installed.then_some(frame), sink);
+        installed
+    }
+
+    /// Gives up a load (the I/O failed): nothing is cached, waiters retry.
+    pub fn abort(&self, ticket: Ticket) {
+        let mut shard = self.shard(&ticket.key).write();
+        remove_if_same(&mut shard.pending, &ticket.key, &ticket.pending);
+        drop(shard);
+        ticket.pending.complete();
+    }
+
+    /// Starts a write: drops the cached copy, invalidates loads in flight and makes new readers
+    /// wait until [`BufferPool::finish_write`]. Waits for an earlier write to the same page.
+    pub fn begin_write(&self, key: PageKey) -> Ticket {
+        loop {
+            let mut shard = self.shard(&key).write();
+            if let Some(p) = shard.pending.get(&key) {
+                if p.is_write {
+                    let p = p.clone();
+                    drop(shard);
+                    p.wait();
+                    continue;
+                }
+                // The loader finishes its I/O but will not install it (see finish_load).
+                p.invalidate();
+            }
+            if let Some(old) = shard.frames.remove(&key) {
+                self.forget(&old);
+            }
+            let pending = Arc::new(Pending::new(true));
+            shard.pending.insert(key, pending.clone());
+            return Ticket { key, pending };
+        }
+    }
+
+    /// Ends a write: installs the new clean copy (if given) and wakes readers.
+    pub fn finish_write(&self, ticket: Ticket, frame: Option<Frame>, sink: &dyn EvictionSink) {
+        self.release(&ticket, frame, sink);
+    }
+
+    fn release(&self, ticket: &Ticket, frame: Option<Frame>, sink: &dyn EvictionSink) {
+        let frame = frame.and_then(|f| {
+            let f = Arc::new(f);
+            self.make_room(f.charge(), sink).then_some(f)
+        });
+        let mut shard = self.shard(&ticket.key).write();
+        remove_if_same(&mut shard.pending, &ticket.key, &ticket.pending);
+        if let Some(f) = &frame {
+            self.used.fetch_add(f.charge(), Relaxed);
+            self.live_frames.fetch_add(1, Relaxed);
+            if let Some(old) = shard.frames.insert(ticket.key, f.clone()) {
+                self.forget(&old);
+            }
+        }
+        drop(shard);
+        ticket.pending.complete();
+        if let Some(f) = frame {
+            let mut r = self.replacer.lock();
+            r.push(&f);
+            r.compact_if_sparse(self.live_frames.load(Relaxed));
+        }
+    }
+
+    /// Evicts until `incoming` more bytes fit under the target. False if they never can.
+    fn make_room(&self, incoming: u64, sink: &dyn EvictionSink) -> bool {
+        let target = self.target.load(Relaxed);
+        if incoming > target {
+            return false;
+        }
+        let mut replacer = self.replacer.lock();
+        while self.used.load(Relaxed) + incoming > target {
+            let live = self.live_frames.load(Relaxed);
+            let Some(victim) = replacer.pick_victim(target, live) else {
+                // Everything resident is queued; an empty queue with bytes in use means the
+                // rest is still being installed by other threads. Admit: the overshoot is
+                // bounded by one page per concurrent loader and corrected by the next insert.
+                break;
+            };
+            let mut shard = self.shard(&victim.key).write();
+            if shard.frames.get(&victim.key).is_some_and(|f| Arc::ptr_eq(f, &victim)) {
+                shard.frames.remove(&victim.key);
+                self.forget(&victim);
+                sink.evicted(&victim);
+            }
+        }
+        true
+    }
+
+    /// Accounting for a frame leaving the page table (the caller holds its shard lock).
+    fn forget(&self, frame: &Frame) {
+        frame.set_evicted();
+        self.used.fetch_sub(frame.charge(), Relaxed);
+        self.live_frames.fetch_sub(1, Relaxed);
+    }
+
+    /// Changes the memory target; shrinking evicts at once.
+    pub fn set_target(&self, bytes: u64, sink: &dyn EvictionSink) {
+        self.target.store(bytes, Relaxed);
+        self.make_room(0, sink);
+    }
+
+    /// Drops every cached page of `file` (or of every file), without offering them to L2.
+    pub fn invalidate(&self, file: Option<FileId>) {
+        for shard in &self.shards {
+            let mut shard = shard.write();
+            let keys: Vec<PageKey> = shard
+                .frames
+                .keys()
+                .filter(|k| file.is_none_or(|f| k.file == f))
+                .copied()
+                .collect();
+            for k in keys {
+                if let Some(old) = shard.frames.remove(&k) {
+                    self.forget(&old);
+                }
+            }
+            for (k, p) in shard.pending.iter() {
+                if !p.is_write && file.is_none_or(|f| k.file == f) {
+                    p.invalidate();
+                }
+            }
+        }
+        let mut r = self.replacer.lock();
+        if file.is_none() {
+            r.clear();
+        } else {
+            r.compact_if_sparse(self.live_frames.load(Relaxed));
+        }
+    }
+
+    /// Drops cached pages of `file` at or beyond `first_page` (after a truncate).
+    pub fn invalidate_from(&self, file: FileId, first_page: u64) {
+        for shard in &self.shards {
+            let mut shard = shard.write();
+            let keys: Vec<PageKey> = shard
+                .frames
+                .keys()
+                .filter(|k| k.file == file && k.page >= first_page)
+                .copied()
+                .collect();
+            for k in keys {
+                if let Some(old) = shard.frames.remove(&k) {
+                    self.forget(&old);
+                }
+            }
+        }
+    }
+
+    pub fn used_bytes(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+
+    pub fn target_bytes(&self) -> u64 {
+        self.target.load(Relaxed)
+    }
+
+    pub fn resident_pages(&self) -> usize {
+        self.live_frames.load(Relaxed)
+    }
+
+    /// Every resident frame (for buffer descriptors).
+    pub fn frames(&self) -> Vec<Arc<Frame>> {
+        let mut out = Vec::with_capacity(self.resident_pages());
+        for shard in &self.shards {
+            out.extend(shard.read().frames.values().cloned());
+        }
+        out
+    }
+
+    /// Checks the memory invariant and the page table against the accounting (tests).
+    pub fn check_invariants(&self) {
+        let frames = self.frames();
+        let charged: u64 = frames.iter().map(|f| f.charge()).sum();
+        assert_eq!(charged, self.used_bytes(), "L1 accounting drifted");
+        assert!(
+            charged <= self.target_bytes(),
+            "L1 holds {charged} bytes, over its target {}",
+            self.target_bytes()
+        );
+        assert!(frames.iter().all(|f| f.is_resident()));
+    }
+
+    pub fn queued_entries(&self) -> usize {
+        self.replacer.lock().queued()
+    }
+}
+
+fn remove_if_same(map: &mut HashMap<PageKey, Arc<Pending>>, key: &PageKey, p: &Arc<Pending>) {
+    if map.get(key).is_some_and(|q| Arc::ptr_eq(q, p)) {
+        map.remove(key);
+    }
+}

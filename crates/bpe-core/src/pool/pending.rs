@@ -1,0 +1,44 @@
+//! An I/O in flight on one page: a load (miss or readahead) or a write. Other readers of the page
+//! wait for it instead of issuing their own I/O; a write that starts during a load invalidates the
+//! load so that its (possibly older) bytes are never cached.
+
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub struct Pending {
+    pub is_write: bool,
+    invalidated: AtomicBool,
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Pending {
+    pub fn new(is_write: bool) -> Self {
+        Pending {
+            is_write,
+            invalidated: AtomicBool::new(false),
+            done: Mutex::new(false),
+            cv: Condvar::new(),
+        }
+    }
+
+    pub fn invalidate(&self) {
+        self.invalidated.store(true, Ordering::Release);
+    }
+
+    pub fn is_invalidated(&self) -> bool {
+        self.invalidated.load(Ordering::Acquire)
+    }
+
+    pub fn wait(&self) {
+        let mut done = self.done.lock();
+        while !*done {
+            self.cv.wait(&mut done);
+        }
+    }
+
+    pub fn complete(&self) {
+        *self.done.lock() = true;
+        self.cv.notify_all();
+    }
+}

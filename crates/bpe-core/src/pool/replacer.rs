@@ -1,0 +1,110 @@
+//! S3-FIFO replacement (Yang et al., SOSP'23): a small probationary FIFO, a main FIFO and a ghost
+//! list of keys recently evicted from the small one.
+//!
+//! Why this policy: a hit only bumps a per-frame counter (no list surgery, so hits take no global
+//! lock), and a page touched once (a scan) leaves through the small queue without displacing the
+//! main queue's hot set. The comparison against LRU, CLOCK and 2Q on recorded traces is in
+//! docs/REPLACEMENT.md.
+
+use super::frame::Frame;
+use crate::page::PageKey;
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
+
+#[derive(Default)]
+pub struct Replacer {
+    small: VecDeque<Weak<Frame>>,
+    main: VecDeque<Weak<Frame>>,
+    /// Bytes of the entries queued in `small` (dead ones included until popped).
+    small_bytes: u64,
+    ghost: HashSet<PageKey>,
+    ghost_fifo: VecDeque<PageKey>,
+}
+
+/// Share of the target kept for the probationary queue (1/N).
+const SMALL_SHARE: u64 = 10;
+
+impl Replacer {
+    /// Queues a newly resident frame: into main if its key was evicted recently (a ghost hit).
+    pub fn push(&mut self, frame: &Arc<Frame>) {
+        if self.ghost.remove(&frame.key) {
+            self.main.push_back(Arc::downgrade(frame));
+        } else {
+            self.small_bytes += frame.charge();
+            self.small.push_back(Arc::downgrade(frame));
+        }
+    }
+
+    /// Picks the next victim among live frames, or None when nothing is queued.
+    pub fn pick_victim(&mut self, target_bytes: u64, live_frames: usize) -> Option<Arc<Frame>> {
+        loop {
+            let from_small = self.small_bytes >= target_bytes / SMALL_SHARE || self.main.is_empty();
+            if from_small {
+                let weak = self.small.pop_front()?;
+                let Some(frame) = weak.upgrade() else { continue };
+                self.small_bytes = self.small_bytes.saturating_sub(frame.charge());
+                if !frame.is_resident() {
+                    continue;
+                }
+                if frame.freq.load(Relaxed) > 0 {
+                    frame.freq.store(0, Relaxed);
+                    self.main.push_back(weak);
+                    continue;
+                }
+                self.remember_ghost(frame.key, live_frames);
+                return Some(frame);
+            } else {
+                let weak = self.main.pop_front()?;
+                let Some(frame) = weak.upgrade() else { continue };
+                if !frame.is_resident() {
+                    continue;
+                }
+                let f = frame.freq.load(Relaxed);
+                if f > 0 {
+                    frame.freq.store(f - 1, Relaxed);
+                    self.main.push_back(weak);
+                    continue;
+                }
+                return Some(frame);
+            }
+        }
+    }
+
+    fn remember_ghost(&mut self, key: PageKey, live_frames: usize) {
+        let cap = live_frames.max(64);
+        if self.ghost.insert(key) {
+            self.ghost_fifo.push_back(key);
+        }
+        while self.ghost_fifo.len() > cap {
+            if let Some(old) = self.ghost_fifo.pop_front() {
+                self.ghost.remove(&old);
+            }
+        }
+    }
+
+    /// Drops queue entries of frames no longer resident once they outnumber the live ones,
+    /// so that a write-heavy workload without evictions cannot grow the queues without bound.
+    pub fn compact_if_sparse(&mut self, live_frames: usize) {
+        if self.small.len() + self.main.len() <= 2 * live_frames + 1024 {
+            return;
+        }
+        let alive = |w: &Weak<Frame>| w.upgrade().is_some_and(|f| f.is_resident());
+        self.small.retain(alive);
+        self.main.retain(alive);
+        self.small_bytes = self
+            .small
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|f| f.charge())
+            .sum();
+    }
+
+    pub fn clear(&mut self) {
+        *self = Replacer::default();
+    }
+
+    pub fn queued(&self) -> usize {
+        self.small.len() + self.main.len()
+    }
+}
