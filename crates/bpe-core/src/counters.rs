@@ -136,7 +136,11 @@ impl CounterSnapshot {
             readahead_pages: l(&c.readahead_pages),
             lazy_writes: l(&c.lazy_writes),
             // Until something is evicted, pages have lived as long as the pool.
-            page_life_expectancy_s: if residence == 0 { g.uptime_ms } else { residence } / 1000,
+            page_life_expectancy_s: if residence == 0 {
+                g.uptime_ms
+            } else {
+                residence
+            } / 1000,
             database_pages: g.database_pages,
             target_pages: g.target_pages,
             free_pages: g.free_pages,
@@ -194,22 +198,54 @@ impl CounterSnapshot {
             r("Free pages", self.free_pages, Gauge),
             r("Extension allocated pages", self.ext_allocated_pages, Gauge),
             r("Extension free pages", self.ext_free_pages, Gauge),
-            r("Extension in use as percentage", self.ext_in_use_percent, Gauge),
+            r(
+                "Extension in use as percentage",
+                self.ext_in_use_percent,
+                Gauge,
+            ),
             CounterRow {
                 name: "Extension outstanding IO counter",
                 value: self.ext_outstanding_io,
                 kind: Gauge,
             },
-            r("Extension page evictions/sec", self.ext_page_evictions, Cumulative),
+            r(
+                "Extension page evictions/sec",
+                self.ext_page_evictions,
+                Cumulative,
+            ),
             r("Extension page reads/sec", self.ext_page_reads, Cumulative),
-            r("Extension page writes/sec", self.ext_page_writes, Cumulative),
-            r("Extension page unreferenced time", self.ext_unreferenced_s, Gauge),
-            r("Extension page checksum failures", self.ext_checksum_failures, Cumulative),
+            r(
+                "Extension page writes/sec",
+                self.ext_page_writes,
+                Cumulative,
+            ),
+            r(
+                "Extension page unreferenced time",
+                self.ext_unreferenced_s,
+                Gauge,
+            ),
+            r(
+                "Extension page checksum failures",
+                self.ext_checksum_failures,
+                Cumulative,
+            ),
             r("Extension I/O errors", self.ext_io_errors, Cumulative),
             r("Extension index bytes", self.ext_index_bytes, Gauge),
-            r("Extension bytes written", self.ext_bytes_written, Cumulative),
-            r("Extension sequential write percentage", self.ext_sequential_write_percent, Gauge),
-            r("Extension admissions dropped", self.ext_admissions_dropped, Cumulative),
+            r(
+                "Extension bytes written",
+                self.ext_bytes_written,
+                Cumulative,
+            ),
+            r(
+                "Extension sequential write percentage",
+                self.ext_sequential_write_percent,
+                Gauge,
+            ),
+            r(
+                "Extension admissions dropped",
+                self.ext_admissions_dropped,
+                Cumulative,
+            ),
             r("Memory used bytes", self.memory_bytes, Gauge),
             r("Max server memory bytes", self.max_memory, Gauge),
         ]

@@ -45,7 +45,9 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    #[error("buffer pool extension is already enabled at {path:?}; turn it OFF first or resize it")]
+    #[error(
+        "buffer pool extension is already enabled at {path:?}; turn it OFF first or resize it"
+    )]
     ExtensionAlreadyEnabled { path: PathBuf },
 
     #[error("buffer pool extension is not enabled")]

@@ -1,9 +1,7 @@
 //! The operator's controls, each validated completely before anything changes.
 
 use super::Engine;
-use crate::config::{
-    physical_memory, DEFAULT_SLOT_SIZE, INDEX_BUDGET_DIVISOR, MIN_MAX_MEMORY,
-};
+use crate::config::{physical_memory, DEFAULT_SLOT_SIZE, INDEX_BUDGET_DIVISOR, MIN_MAX_MEMORY};
 use crate::extension::{geometry, Extension, ExtensionIndex};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};

@@ -150,9 +150,14 @@ impl Engine {
 
     /// Loader tickets for the run of uncached pages after `key`, within the readahead window
     /// and the file.
-    fn prefetch_tickets(&self, file: &FileHandle, key: PageKey, page_size: usize) -> Result<Vec<Ticket>> {
+    fn prefetch_tickets(
+        &self,
+        file: &FileHandle,
+        key: PageKey,
+        page_size: usize,
+    ) -> Result<Vec<Ticket>> {
         let window = (READAHEAD_BYTES / page_size).max(READAHEAD_TRIGGER as usize) as u64;
-        let file_pages = file.data.len()? / page_size as u64;
+        let file_pages = file.data.size()? / page_size as u64;
         let end = (key.page + window).min(file_pages);
         let mut tickets = Vec::new();
         for page in key.page + 1..end {

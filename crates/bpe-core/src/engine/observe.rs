@@ -69,14 +69,18 @@ impl Engine {
             })
             .collect();
         if let Some(ext) = self.current_extension() {
-            out.extend(ext.entries().into_iter().map(|(key, last)| BufferDescriptor {
-                file: key.file,
-                page: key.page,
-                tier: Tier::Extension,
-                read_micros: 0,
-                last_access_ms: last,
-                frame: None,
-            }));
+            out.extend(
+                ext.entries()
+                    .into_iter()
+                    .map(|(key, last)| BufferDescriptor {
+                        file: key.file,
+                        page: key.page,
+                        tier: Tier::Extension,
+                        read_micros: 0,
+                        last_access_ms: last,
+                        frame: None,
+                    }),
+            );
         }
         out.sort_by_key(|d| (d.file, d.page, d.tier != Tier::Memory));
         out
@@ -104,5 +108,23 @@ impl Engine {
             self.pool.target_bytes() + index <= self.max_memory(),
             "L1 target plus extension index exceed max server memory"
         );
+    }
+}
+
+impl Engine {
+    /// Waits until the extension's writer has written every staged page (for benchmarks that
+    /// warm the extension, and tests). False on timeout.
+    pub fn wait_for_extension_writes(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            match self.current_extension() {
+                Some(ext) if ext.pending_writes() > 0 => {}
+                _ => return true,
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 }

@@ -180,7 +180,11 @@ impl ExtensionIndex {
 
     /// Forgets every page matching `pred`; returns how many.
     pub fn remove_where(&mut self, mut pred: impl FnMut(PageKey) -> bool) -> usize {
-        let victims: Vec<PageKey> = self.entries().map(|(_, k)| k).filter(|k| pred(*k)).collect();
+        let victims: Vec<PageKey> = self
+            .entries()
+            .map(|(_, k)| k)
+            .filter(|k| pred(*k))
+            .collect();
         for k in &victims {
             self.remove(*k);
         }
@@ -198,8 +202,14 @@ mod tests {
     fn stays_under_sixteen_bytes_per_slot() {
         for slots in [256usize, 1000, 1 << 20] {
             let per_slot = ExtensionIndex::bytes_for(slots) as f64 / slots as f64;
-            assert!(per_slot <= INDEX_BYTES_PER_SLOT_CAP, "{per_slot} B per slot");
-            assert_eq!(ExtensionIndex::new(slots).bytes(), ExtensionIndex::bytes_for(slots));
+            assert!(
+                per_slot <= INDEX_BYTES_PER_SLOT_CAP,
+                "{per_slot} B per slot"
+            );
+            assert_eq!(
+                ExtensionIndex::new(slots).bytes(),
+                ExtensionIndex::bytes_for(slots)
+            );
         }
     }
 

@@ -168,9 +168,10 @@ impl Extension {
         }
         let mut block = AlignedBuf::new(self.slot_size);
         self.counters.ext_outstanding_io.fetch_add(1, Relaxed);
-        let res = self
-            .file
-            .read_at(slot as u64 * self.slot_size as u64, &mut block[..self.slot_size]);
+        let res = self.file.read_at(
+            slot as u64 * self.slot_size as u64,
+            &mut block[..self.slot_size],
+        );
         self.counters.ext_outstanding_io.fetch_sub(1, Relaxed);
         let page = &block[..buf.len()];
         match res {
@@ -275,5 +276,12 @@ impl Extension {
     /// Deletes the file without waiting for the writer (process exit).
     pub fn remove_file_only(&self) {
         self.file.remove();
+    }
+}
+
+impl Extension {
+    /// Pages staged and not yet written (or dropped).
+    pub fn pending_writes(&self) -> usize {
+        self.tables.read().staged.len()
     }
 }

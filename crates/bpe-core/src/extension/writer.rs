@@ -35,7 +35,9 @@ struct Writer {
 
 impl Writer {
     fn new(ext: Arc<Extension>) -> Self {
-        let batch_slots = (ext.slots_per_region as usize).min(ext.slots as usize).max(1);
+        let batch_slots = (ext.slots_per_region as usize)
+            .min(ext.slots as usize)
+            .max(1);
         let buf = AlignedBuf::new(batch_slots * ext.slot_size);
         Writer {
             ext,
@@ -137,7 +139,8 @@ impl Writer {
         for slot in first..first + n {
             if t.index.clear_slot(slot).is_some() {
                 Counters::bump(&ext.counters.ext_page_evictions);
-                let last = ext.region_last_ref[(slot / ext.slots_per_region) as usize].load(Relaxed);
+                let last =
+                    ext.region_last_ref[(slot / ext.slots_per_region) as usize].load(Relaxed);
                 Counters::average_in(&ext.counters.ext_unreferenced_ms, now.saturating_sub(last));
             }
         }

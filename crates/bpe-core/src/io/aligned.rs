@@ -21,7 +21,8 @@ impl AlignedBuf {
         let layout = Layout::from_size_align(len, DIRECT_IO_ALIGN).expect("valid layout");
         // SAFETY: layout has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        let ptr =
+            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         AlignedBuf { ptr, len }
     }
 }

@@ -116,7 +116,8 @@ impl DataFile {
         }
     }
 
-    pub fn len(&self) -> Result<u64> {
+    /// Current size of the file in bytes.
+    pub fn size(&self) -> Result<u64> {
         self.buffered
             .metadata()
             .map(|m| m.len())
@@ -153,7 +154,8 @@ impl DataFile {
     /// Writes `data` at `offset` and returns once the kernel has it (O_DIRECT: the device has it).
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         let _serial = self.write_lock.lock();
-        let aligned = offset % DIRECT_IO_ALIGN as u64 == 0 && data.len() % DIRECT_IO_ALIGN == 0;
+        let aligned = offset.is_multiple_of(DIRECT_IO_ALIGN as u64)
+            && data.len().is_multiple_of(DIRECT_IO_ALIGN);
         let res = match (&self.direct, aligned) {
             (Some(direct), true) => {
                 let mut block = AlignedBuf::new(data.len());

@@ -19,7 +19,13 @@ pub struct Frame {
 }
 
 impl Frame {
-    pub fn new(key: PageKey, data: Box<[u8]>, now_ms: u64, read_micros: u32, prefetched: bool) -> Self {
+    pub fn new(
+        key: PageKey,
+        data: Box<[u8]>,
+        now_ms: u64,
+        read_micros: u32,
+        prefetched: bool,
+    ) -> Self {
         Frame {
             key,
             data,

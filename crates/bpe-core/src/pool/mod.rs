@@ -15,7 +15,7 @@ use crate::page::{FileId, PageKey};
 use parking_lot::{Mutex, RwLock};
 use replacer::Replacer;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -72,9 +72,7 @@ impl BufferPool {
     }
 
     fn shard(&self, key: &PageKey) -> &RwLock<Shard> {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        &self.shards[h.finish() as usize % SHARDS]
+        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
     }
 
     /// The hit path: one shard read lock. On a miss, registers the caller as the page's loader.
@@ -108,9 +106,7 @@ impl BufferPool {
     /// Installs a loaded page unless a write to it started meanwhile. Returns whether it was
     /// installed; when not, the caller's bytes may predate that write and must be read again.
     pub fn finish_load(&self, ticket: Ticket, frame: Frame, sink: &dyn EvictionSink) -> bool {
-        let installed = !ticket.pending.is_invalidated();
-        self.release(&ticket, installed.then_some(frame), sink);
-        installed
+        self.release(&ticket, Some(frame), sink)
     }
 
     /// Gives up a load (the I/O failed): nothing is cached, waiters retry.
@@ -150,13 +146,20 @@ impl BufferPool {
         self.release(&ticket, frame, sink);
     }
 
-    fn release(&self, ticket: &Ticket, frame: Option<Frame>, sink: &dyn EvictionSink) {
+    /// Ends a ticket, installing `frame` unless the ticket was invalidated. Returns whether the
+    /// frame was installed.
+    fn release(&self, ticket: &Ticket, frame: Option<Frame>, sink: &dyn EvictionSink) -> bool {
         let frame = frame.and_then(|f| {
             let f = Arc::new(f);
             self.make_room(f.charge(), sink).then_some(f)
         });
         let mut shard = self.shard(&ticket.key).write();
         remove_if_same(&mut shard.pending, &ticket.key, &ticket.pending);
+        // Checked under the shard lock, the same lock begin_write invalidates under: a write that
+        // started after this point will find the frame and replace it; one that started before
+        // has invalidated the ticket. Checking earlier would let a stale load overwrite a write.
+        let invalidated = ticket.pending.is_invalidated();
+        let frame = frame.filter(|_| !invalidated);
         if let Some(f) = &frame {
             self.used.fetch_add(f.charge(), Relaxed);
             self.live_frames.fetch_add(1, Relaxed);
@@ -166,11 +169,13 @@ impl BufferPool {
         }
         drop(shard);
         ticket.pending.complete();
+        let installed = frame.is_some();
         if let Some(f) = frame {
             let mut r = self.replacer.lock();
             r.push(&f);
             r.compact_if_sparse(self.live_frames.load(Relaxed));
         }
+        installed
     }
 
     /// Evicts until `incoming` more bytes fit under the target. False if they never can.
@@ -189,7 +194,11 @@ impl BufferPool {
                 break;
             };
             let mut shard = self.shard(&victim.key).write();
-            if shard.frames.get(&victim.key).is_some_and(|f| Arc::ptr_eq(f, &victim)) {
+            if shard
+                .frames
+                .get(&victim.key)
+                .is_some_and(|f| Arc::ptr_eq(f, &victim))
+            {
                 shard.frames.remove(&victim.key);
                 self.forget(&victim);
                 sink.evicted(&victim);

@@ -12,10 +12,14 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 
+/// A queued frame and the bytes it was charged when queued (kept here so that the queue's byte
+/// count stays exact even after the frame itself is gone).
+type Entry = (Weak<Frame>, u64);
+
 #[derive(Default)]
 pub struct Replacer {
-    small: VecDeque<Weak<Frame>>,
-    main: VecDeque<Weak<Frame>>,
+    small: VecDeque<Entry>,
+    main: VecDeque<Entry>,
     /// Bytes of the entries queued in `small` (dead ones included until popped).
     small_bytes: u64,
     ghost: HashSet<PageKey>,
@@ -28,42 +32,45 @@ const SMALL_SHARE: u64 = 10;
 impl Replacer {
     /// Queues a newly resident frame: into main if its key was evicted recently (a ghost hit).
     pub fn push(&mut self, frame: &Arc<Frame>) {
+        let entry = (Arc::downgrade(frame), frame.charge());
         if self.ghost.remove(&frame.key) {
-            self.main.push_back(Arc::downgrade(frame));
+            self.main.push_back(entry);
         } else {
-            self.small_bytes += frame.charge();
-            self.small.push_back(Arc::downgrade(frame));
+            self.small_bytes += entry.1;
+            self.small.push_back(entry);
         }
     }
 
     /// Picks the next victim among live frames, or None when nothing is queued.
     pub fn pick_victim(&mut self, target_bytes: u64, live_frames: usize) -> Option<Arc<Frame>> {
         loop {
-            let from_small = self.small_bytes >= target_bytes / SMALL_SHARE || self.main.is_empty();
+            if self.small.is_empty() && self.main.is_empty() {
+                return None;
+            }
+            let from_small = !self.small.is_empty()
+                && (self.small_bytes >= target_bytes / SMALL_SHARE || self.main.is_empty());
             if from_small {
-                let weak = self.small.pop_front()?;
-                let Some(frame) = weak.upgrade() else { continue };
-                self.small_bytes = self.small_bytes.saturating_sub(frame.charge());
-                if !frame.is_resident() {
+                let entry = self.small.pop_front()?;
+                self.small_bytes -= entry.1;
+                let Some(frame) = entry.0.upgrade().filter(|f| f.is_resident()) else {
                     continue;
-                }
+                };
                 if frame.freq.load(Relaxed) > 0 {
                     frame.freq.store(0, Relaxed);
-                    self.main.push_back(weak);
+                    self.main.push_back(entry);
                     continue;
                 }
                 self.remember_ghost(frame.key, live_frames);
                 return Some(frame);
             } else {
-                let weak = self.main.pop_front()?;
-                let Some(frame) = weak.upgrade() else { continue };
-                if !frame.is_resident() {
+                let entry = self.main.pop_front()?;
+                let Some(frame) = entry.0.upgrade().filter(|f| f.is_resident()) else {
                     continue;
-                }
+                };
                 let f = frame.freq.load(Relaxed);
                 if f > 0 {
                     frame.freq.store(f - 1, Relaxed);
-                    self.main.push_back(weak);
+                    self.main.push_back(entry);
                     continue;
                 }
                 return Some(frame);
@@ -89,15 +96,10 @@ impl Replacer {
         if self.small.len() + self.main.len() <= 2 * live_frames + 1024 {
             return;
         }
-        let alive = |w: &Weak<Frame>| w.upgrade().is_some_and(|f| f.is_resident());
+        let alive = |e: &Entry| e.0.upgrade().is_some_and(|f| f.is_resident());
         self.small.retain(alive);
         self.main.retain(alive);
-        self.small_bytes = self
-            .small
-            .iter()
-            .filter_map(Weak::upgrade)
-            .map(|f| f.charge())
-            .sum();
+        self.small_bytes = self.small.iter().map(|e| e.1).sum();
     }
 
     pub fn clear(&mut self) {
