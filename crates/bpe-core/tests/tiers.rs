@@ -1,0 +1,297 @@
+//! Where pages come from and go: L1, L2, readahead, scan resistance, drop clean buffers.
+
+mod common;
+use bpe_core::Tier;
+use common::*;
+
+#[test]
+fn evicted_pages_are_served_from_the_extension_after_sequential_writes() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 600, PAGE);
+    let engine = engine(512 << 10); // ~120 pages of RAM for a 600-page file
+    let f = engine.open_file(&path, PAGE).unwrap();
+    engine
+        .enable_extension(&dir.path().join("ext.bpe"), 8 << 20)
+        .unwrap();
+    // Random order: no readahead, so every page comes from the data file once.
+    let order: Vec<u64> = (0..600u64).map(|i| (i * 7919) % 600).collect();
+    for &p in &order {
+        let (bytes, _) = read(&engine, &f, p);
+        assert_eq!(decode(&bytes), Some((p, 0)));
+    }
+    assert!(engine.wait_for_extension_writes(WAIT));
+    let mut from_ext = 0;
+    for &p in &order {
+        let (bytes, tier) = read(&engine, &f, p);
+        assert_eq!(decode(&bytes), Some((p, 0)));
+        from_ext += (tier == Tier::Extension) as usize;
+    }
+    let c = engine.counters();
+    assert!(
+        from_ext > 300,
+        "only {from_ext} of 600 pages came from the extension"
+    );
+    assert_eq!(c.ext_page_reads as usize, from_ext);
+    assert!(
+        c.ext_page_writes >= 400,
+        "{} extension writes",
+        c.ext_page_writes
+    );
+    assert!(
+        c.ext_sequential_write_percent >= 99,
+        "{}% sequential",
+        c.ext_sequential_write_percent
+    );
+    assert!(c.ext_allocated_pages > 0 && c.ext_in_use_percent > 0);
+    // Pages promoted back to RAM and evicted again are not written a second time.
+    let writes_before = c.ext_page_writes;
+    for &p in order.iter().take(200) {
+        read(&engine, &f, p);
+    }
+    assert!(engine.wait_for_extension_writes(WAIT));
+    let rewritten = engine.counters().ext_page_writes - writes_before;
+    assert!(
+        rewritten < 50,
+        "{rewritten} unchanged pages were written to the extension again"
+    );
+}
+
+#[test]
+fn a_write_drops_the_extension_copy_before_returning() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 300, PAGE);
+    let engine = engine(256 << 10);
+    let f = engine.open_file(&path, PAGE).unwrap();
+    engine
+        .enable_extension(&dir.path().join("ext.bpe"), 4 << 20)
+        .unwrap();
+    for p in 0..300 {
+        read(&engine, &f, (p * 31) % 300);
+    }
+    assert!(engine.wait_for_extension_writes(WAIT));
+    let in_ext: Vec<u64> = engine
+        .descriptors()
+        .iter()
+        .filter(|d| d.tier == Tier::Extension)
+        .map(|d| d.page)
+        .collect();
+    assert!(!in_ext.is_empty());
+    let in_ext_now = |p: u64| {
+        engine
+            .descriptors()
+            .iter()
+            .any(|d| d.tier == Tier::Extension && d.page == p)
+    };
+    for &p in &in_ext {
+        engine.write_page(&f, p, &page_bytes(p, 7, PAGE)).unwrap();
+        assert!(
+            !in_ext_now(p),
+            "page {p} kept its extension copy after a write"
+        );
+    }
+    // Push the new versions out of RAM (into the extension, as new clean copies) and read back.
+    for p in (0..300).filter(|p| !in_ext.contains(p)) {
+        read(&engine, &f, p);
+    }
+    assert!(engine.wait_for_extension_writes(WAIT));
+    let mut served_by_ext = 0;
+    for &p in &in_ext {
+        let (bytes, tier) = read(&engine, &f, p);
+        assert_eq!(
+            decode(&bytes),
+            Some((p, 7)),
+            "page {p} from {tier:?} is stale"
+        );
+        served_by_ext += (tier == Tier::Extension) as usize;
+    }
+    assert!(
+        served_by_ext > 0,
+        "the new versions never went through the extension"
+    );
+}
+
+#[test]
+fn a_large_scan_does_not_flush_the_hot_set() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 3000, PAGE);
+    let engine = bpe_core::Engine::new(bpe_core::Config {
+        max_memory: 1 << 20, // ~240 pages
+        readahead: false,
+        ..Default::default()
+    });
+    let f = engine.open_file(&path, PAGE).unwrap();
+    let hot: Vec<u64> = (0..60).map(|i| i * 41).collect();
+    for _ in 0..3 {
+        for &p in &hot {
+            read(&engine, &f, p);
+        }
+    }
+    for p in 0..3000 {
+        read(&engine, &f, p);
+    }
+    let still_hot = hot
+        .iter()
+        .filter(|&&p| read(&engine, &f, p).1 == Tier::Memory)
+        .count();
+    assert!(
+        still_hot >= 54,
+        "only {still_hot} of 60 hot pages survived a 3000-page scan"
+    );
+}
+
+#[test]
+fn sequential_reads_are_served_by_readahead() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 512, PAGE);
+    let engine = engine(8 << 20);
+    let f = engine.open_file(&path, PAGE).unwrap();
+    for p in 0..512 {
+        assert_eq!(decode(&read(&engine, &f, p).0), Some((p, 0)));
+    }
+    let c = engine.counters();
+    assert!(
+        c.readahead_pages > 400,
+        "{} pages read ahead",
+        c.readahead_pages
+    );
+    assert_eq!(c.page_reads, 512, "every page read from disk exactly once");
+    assert!(c.l1_hits > 400);
+}
+
+#[test]
+fn drop_clean_buffers_empties_both_tiers() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 200, PAGE);
+    let engine = engine(256 << 10);
+    let f = engine.open_file(&path, PAGE).unwrap();
+    engine
+        .enable_extension(&dir.path().join("ext.bpe"), 2 << 20)
+        .unwrap();
+    for p in 0..200 {
+        read(&engine, &f, (p * 13) % 200);
+    }
+    assert!(engine.wait_for_extension_writes(WAIT));
+    assert!(!engine.descriptors().is_empty());
+    engine.drop_clean_buffers();
+    assert!(engine.descriptors().is_empty());
+    let c = engine.counters();
+    assert_eq!((c.database_pages, c.ext_allocated_pages), (0, 0));
+    assert_eq!(read(&engine, &f, 5).1, Tier::DataFile);
+}
+
+#[test]
+fn shrinking_memory_evicts_at_once_and_growing_takes_effect() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 400, PAGE);
+    let engine = engine(4 << 20);
+    let f = engine.open_file(&path, PAGE).unwrap();
+    for p in 0..400 {
+        read(&engine, &f, (p * 17) % 400);
+    }
+    assert_eq!(engine.counters().database_pages, 400);
+    engine.set_max_memory(512 << 10).unwrap();
+    let c = engine.counters();
+    assert!(
+        c.database_pages <= 128 && c.memory_bytes <= 512 << 10,
+        "{c:?}"
+    );
+    engine.check_invariants();
+    engine.set_max_memory(4 << 20).unwrap();
+    for p in 0..400 {
+        read(&engine, &f, p);
+    }
+    assert_eq!(engine.counters().database_pages, 400);
+}
+
+#[test]
+fn past_end_of_file_is_short_and_not_cached() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 4, PAGE);
+    let engine = engine(1 << 20);
+    let f = engine.open_file(&path, PAGE).unwrap();
+    let mut buf = vec![1u8; PAGE];
+    let r = engine.read_page(&f, 9, &mut buf).unwrap();
+    assert_eq!(r.len, 0);
+    assert!(buf.iter().all(|&b| b == 0));
+    assert_eq!(engine.counters().database_pages, 0);
+}
+
+#[test]
+fn files_opened_twice_share_one_entry_and_closing_the_last_forgets_pages() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 8, PAGE);
+    let link = dir.path().join("alias");
+    std::fs::hard_link(&path, &link).unwrap();
+    let engine = engine(1 << 20);
+    let a = engine.open_file(&path, PAGE).unwrap();
+    let b = engine.open_file(&link, PAGE).unwrap();
+    assert_eq!(a.id, b.id, "two names of one inode must share cached pages");
+    read(&engine, &a, 1);
+    assert_eq!(read(&engine, &b, 1).1, Tier::Memory);
+    engine.close_file(&a);
+    assert_eq!(
+        engine.counters().database_pages,
+        1,
+        "pages kept while an opener remains"
+    );
+    engine.close_file(&b);
+    assert_eq!(engine.counters().database_pages, 0);
+    assert!(engine.files().is_empty());
+}
+
+#[test]
+fn data_files_are_read_with_o_direct_where_the_file_system_allows() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 2, PAGE);
+    let engine = engine(1 << 20);
+    engine.open_file(&path, PAGE).unwrap();
+    let probe = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+        .is_ok();
+    assert_eq!(engine.files()[0].direct_io, probe);
+}
+
+use std::os::unix::fs::OpenOptionsExt;
+
+#[test]
+fn small_pages_round_out_to_whole_blocks() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 64, 1024);
+    let engine = engine(1 << 20);
+    let f = engine.open_file(&path, 1024).unwrap();
+    for p in [3u64, 0, 63, 17] {
+        let mut buf = vec![0u8; 1024];
+        engine.read_page(&f, p, &mut buf).unwrap();
+        assert_eq!(decode(&buf), Some((p, 0)));
+    }
+    engine.write_page(&f, 5, &page_bytes(5, 3, 1024)).unwrap();
+    engine.write_page(&f, 64, &page_bytes(64, 3, 1024)).unwrap();
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        65 * 1024,
+        "a sub-block write grew the file by a block"
+    );
+    engine.drop_clean_buffers();
+    let mut buf = vec![0u8; 1024];
+    engine.read_page(&f, 5, &mut buf).unwrap();
+    assert_eq!(decode(&buf), Some((5, 3)));
+    engine.read_page(&f, 4, &mut buf).unwrap();
+    assert_eq!(decode(&buf), Some((4, 0)));
+}
+
+#[test]
+fn page_size_change_drops_the_files_cached_pages() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 16, PAGE);
+    let engine = engine(1 << 20);
+    let f = engine.open_file(&path, PAGE).unwrap();
+    read(&engine, &f, 2);
+    engine.set_page_size(&f, 8192).unwrap();
+    assert_eq!(engine.counters().database_pages, 0);
+    let mut buf = vec![0u8; 8192];
+    engine.read_page(&f, 1, &mut buf).unwrap();
+    assert_eq!(decode(&buf[..PAGE]), Some((2, 0)));
+    assert!(engine.set_page_size(&f, 3000).is_err());
+}
