@@ -82,6 +82,7 @@ pub struct Gauges {
     pub ext_allocated_pages: u64,
     pub ext_total_pages: u64,
     pub ext_index_bytes: u64,
+    pub buffered_data_files: u64,
 }
 
 /// One counter as sys.dm_os_performance_counters shows it.
@@ -121,6 +122,8 @@ pub struct CounterSnapshot {
     pub ext_bytes_written: u64,
     pub ext_sequential_write_percent: u64,
     pub ext_admissions_dropped: u64,
+    /// Open data files the file system would not let us read with O_DIRECT.
+    pub buffered_data_files: u64,
 }
 
 impl CounterSnapshot {
@@ -164,6 +167,7 @@ impl CounterSnapshot {
                 .checked_div(ext_writes)
                 .unwrap_or(100),
             ext_admissions_dropped: l(&c.ext_admissions_dropped),
+            buffered_data_files: g.buffered_data_files,
         }
     }
 
@@ -248,6 +252,7 @@ impl CounterSnapshot {
             ),
             r("Memory used bytes", self.memory_bytes, Gauge),
             r("Max server memory bytes", self.max_memory, Gauge),
+            r("Data files without O_DIRECT", self.buffered_data_files, Gauge),
         ]
     }
 }

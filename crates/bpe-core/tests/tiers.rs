@@ -251,6 +251,7 @@ fn data_files_are_read_with_o_direct_where_the_file_system_allows() {
         .open(&path)
         .is_ok();
     assert_eq!(engine.files()[0].direct_io, probe);
+    assert_eq!(engine.counters().buffered_data_files, u64::from(!probe));
 }
 
 use std::os::unix::fs::OpenOptionsExt;

@@ -26,7 +26,10 @@ pub struct BufferDescriptor {
 impl Engine {
     pub fn counters(&self) -> CounterSnapshot {
         let ext = self.current_extension();
-        let page_size = self.typical_page_size() as u64;
+        let files = self.files();
+        let page_size = files
+            .first()
+            .map_or(crate::config::DEFAULT_SLOT_SIZE, |f| f.page_size) as u64;
         let max_memory = self.max_memory();
         let index = ext.as_ref().map_or(0, |e| e.index_bytes());
         let target_bytes = self.pool.target_bytes();
@@ -42,16 +45,9 @@ impl Engine {
             ext_allocated_pages: ext.as_ref().map_or(0, |e| e.cached_pages() as u64),
             ext_total_pages: ext.as_ref().map_or(0, |e| e.slots() as u64),
             ext_index_bytes: index,
+            buffered_data_files: files.iter().filter(|f| !f.direct_io).count() as u64,
         };
         CounterSnapshot::take(&self.counters, &gauges)
-    }
-
-    fn typical_page_size(&self) -> usize {
-        self.files
-            .lock()
-            .infos()
-            .first()
-            .map_or(crate::config::DEFAULT_SLOT_SIZE, |f| f.page_size)
     }
 
     pub fn descriptors(&self) -> Vec<BufferDescriptor> {
