@@ -1,0 +1,127 @@
+//! Command-line arguments: `sqlite-bpe bench <lookup|scan|oltp|dw> [options]`.
+
+use std::path::PathBuf;
+
+/// Benchmarks after the published SQL Server BPE experiments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub experiment: Experiment,
+}
+
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum Experiment {
+    /// 10,000 random point selects on 1,000,000 rows of 1000 bytes (five configurations).
+    Lookup(LookupArgs),
+    /// SELECT AVG(ActualCost) over a ~1 GB transaction history: cold, warm, 256 MB, extension.
+    Scan(ScanArgs),
+    /// TPC-C-like OLTP: memory at 100 % and 25 % of the database, extension on and off.
+    Oltp(OltpArgs),
+    /// TPC-H's 22 queries at a scale exceeding memory, extension on and off.
+    Dw(DwArgs),
+}
+
+/// Options every benchmark takes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CommonArgs {
+    /// Data device: `emulated:hdd` (8 ms, 150 IOPS), `emulated:san` (1 ms), `emulated:gp3`
+    /// (1 ms, 3000 IOPS), `emulated:ssd` (none), or `real` (no emulation: whatever device
+    /// --data-dir is on). Default: emulated:hdd, or real when --data-dir is given.
+    #[arg(long, value_name = "DEVICE")]
+    pub data_device: Option<String>,
+    /// Directory for the database files (e.g. a slow volume). Default: under --ext-dir.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Directory on the fast local disk for extension files and the physical reference
+    /// (never /tmp, which may be tmpfs). Default: ./bpe-bench-work.
+    #[arg(long, value_name = "DIR")]
+    pub ext_dir: Option<PathBuf>,
+    /// Small scale, under a minute per benchmark.
+    #[arg(long)]
+    pub quick: bool,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Draw the results to FILE (.png or .svg).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// Run only these configurations (comma-separated names).
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    pub configs: Option<Vec<String>>,
+    /// Load the data again even if a matching database exists.
+    #[arg(long)]
+    pub reload: bool,
+    /// Size in MiB of the physical reference's scratch file (default 1024, 256 with --quick;
+    /// 0 skips the reference).
+    #[arg(long, value_name = "MIB")]
+    pub reference_mib: Option<u64>,
+    /// Counter sampling interval.
+    #[arg(long, default_value_t = 250, value_name = "MS")]
+    pub sample_ms: u64,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct LookupArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Rows in the table (default 1,000,000; 40,000 with --quick).
+    #[arg(long)]
+    pub rows: Option<u64>,
+    /// Random point selects per configuration (default 10,000; 2,000 with --quick).
+    #[arg(long)]
+    pub lookups: Option<u64>,
+    /// Limited `max server memory` in MB (default 256; 16 with --quick).
+    #[arg(long)]
+    pub memory_mb: Option<u64>,
+    /// Extension size in MB (default 4096; 256 with --quick).
+    #[arg(long)]
+    pub extension_mb: Option<u64>,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ScanArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Table size in MB (default 1024; 64 with --quick).
+    #[arg(long)]
+    pub table_mb: Option<u64>,
+    /// Limited `max server memory` in MB (default 256; 16 with --quick).
+    #[arg(long)]
+    pub memory_mb: Option<u64>,
+    /// Extension size in MB (default 4096; 256 with --quick).
+    #[arg(long)]
+    pub extension_mb: Option<u64>,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct OltpArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Warehouses (default 10; 1 with --quick).
+    #[arg(long)]
+    pub warehouses: Option<u32>,
+    /// Seconds each configuration runs (default 120; 10 with --quick).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// Concurrent terminals (connections), each running the transaction mix.
+    #[arg(long, default_value_t = 4)]
+    pub terminals: u32,
+    /// Items in the catalogue (the specification's 100,000; smaller with --quick).
+    #[arg(long)]
+    pub items: Option<u32>,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct DwArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// TPC-H scale factor (default 1; 0.02 with --quick).
+    #[arg(long)]
+    pub scale: Option<f64>,
+    /// Memory as a percentage of the database size (default 25).
+    #[arg(long, default_value_t = 25)]
+    pub memory_percent: u64,
+    /// Only these queries (comma-separated numbers 1-22).
+    #[arg(long, value_delimiter = ',')]
+    pub queries: Option<Vec<u32>>,
+}

@@ -1,0 +1,167 @@
+//! Connections through the `bpe` VFS, the operator's statements, and the engine's counters.
+//!
+//! Every connection keeps SQLite's own page cache small (`PRAGMA cache_size`), so that repeated
+//! page reads reach the buffer pool under test instead of being answered by the pager of one
+//! connection: SQL Server has one buffer pool and nothing above it, and the experiments measure it.
+
+use bpe_core::{CounterSnapshot, Engine};
+use rusqlite::{Connection, OpenFlags};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// SQLite's page cache per connection, KiB (negative cache_size): 64 pages of 4 KiB.
+pub const PAGER_CACHE_KIB: i64 = 256;
+
+/// The VFS the benchmarks run on, or None for SQLite's default (data loading).
+pub fn vfs() -> Option<&'static str> {
+    None
+}
+
+/// Opens `path` for a benchmark run, through the bpe VFS.
+pub fn open(path: &Path) -> anyhow::Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_URI;
+    let conn = match vfs() {
+        Some(v) => Connection::open_with_flags_and_vfs(path, flags, v)?,
+        None => Connection::open_with_flags(path, flags)?,
+    };
+    configure(&conn)?;
+    Ok(conn)
+}
+
+/// Opens `path` with SQLite's default VFS, for loading (not timed).
+pub fn open_for_load(path: &Path) -> anyhow::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = OFF; PRAGMA cache_size = -262144;",
+    )?;
+    Ok(conn)
+}
+
+fn configure(conn: &Connection) -> anyhow::Result<()> {
+    conn.busy_timeout(Duration::from_secs(60))?;
+    conn.execute_batch(&format!(
+        "PRAGMA journal_mode = WAL; PRAGMA cache_size = -{PAGER_CACHE_KIB}; PRAGMA mmap_size = 0;"
+    ))?;
+    Ok(())
+}
+
+/// Runs an operator statement in SQL Server syntax through the adapter's `bpe_exec`.
+pub fn bpe_exec(conn: &Connection, stmt: &str) -> anyhow::Result<()> {
+    if vfs().is_none() {
+        return Ok(());
+    }
+    let mut q = conn.prepare("SELECT bpe_exec(?1)")?;
+    let mut rows = q.query([stmt])?;
+    while rows.next()?.is_some() {}
+    Ok(())
+}
+
+/// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON.
+pub fn enable_extension(conn: &Connection, path: &Path, mb: u64) -> anyhow::Result<()> {
+    bpe_exec(
+        conn,
+        &format!(
+            "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '{}', SIZE = {mb} MB)",
+            path.display()
+        ),
+    )
+}
+
+/// DBCC DROPCLEANBUFFERS, plus the OS page cache of the file (for runs without O_DIRECT).
+pub fn drop_clean_buffers(conn: &Connection, path: &Path) -> anyhow::Result<()> {
+    bpe_exec(conn, "DBCC DROPCLEANBUFFERS")?;
+    drop_os_cache(path);
+    Ok(())
+}
+
+/// Asks the kernel to forget its cached pages of `path` (POSIX_FADV_DONTNEED).
+pub fn drop_os_cache(path: &Path) {
+    use std::os::fd::AsRawFd;
+    if let Ok(f) = std::fs::File::open(path) {
+        let _ = f.sync_all();
+        // SAFETY: a plain syscall on a descriptor we own; no memory is passed.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+}
+
+/// The process's engine, once a connection through the bpe VFS created it.
+pub fn engine() -> Option<&'static Arc<Engine>> {
+    Engine::global()
+}
+
+pub fn snapshot() -> CounterSnapshot {
+    engine().map(|e| e.counters()).unwrap_or_default()
+}
+
+/// Waits for the extension's background writer to drain (after warming it).
+pub fn wait_for_extension_writes() {
+    if let Some(e) = engine() {
+        e.wait_for_extension_writes(Duration::from_secs(600));
+    }
+}
+
+/// The counters of one timed phase: differences of the cumulative counters, gauges at its end.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Counters {
+    pub page_lookups: u64,
+    pub l1_hits: u64,
+    pub page_reads: u64,
+    pub readahead_pages: u64,
+    pub page_writes: u64,
+    pub lazy_writes: u64,
+    pub ext_page_reads: u64,
+    pub ext_page_writes: u64,
+    pub ext_page_evictions: u64,
+    pub ext_bytes_written: u64,
+    pub ext_admissions_dropped: u64,
+    pub ext_checksum_failures: u64,
+    /// Cumulative since the engine started (the core keeps no per-phase figure).
+    pub ext_sequential_write_percent: u64,
+    pub hit_ratio_percent: f64,
+    pub database_pages: u64,
+    pub ext_allocated_pages: u64,
+    pub memory_bytes: u64,
+    pub max_memory: u64,
+    pub buffered_data_files: u64,
+    /// False when the run did not go through the bpe VFS (all counters are then zero).
+    pub engine: bool,
+}
+
+impl Counters {
+    pub fn between(a: &CounterSnapshot, b: &CounterSnapshot) -> Counters {
+        let d = |x: u64, y: u64| y.saturating_sub(x);
+        let lookups = d(a.page_lookups, b.page_lookups);
+        let hits = d(a.l1_hits, b.l1_hits);
+        Counters {
+            page_lookups: lookups,
+            l1_hits: hits,
+            page_reads: d(a.page_reads, b.page_reads),
+            readahead_pages: d(a.readahead_pages, b.readahead_pages),
+            page_writes: d(a.page_writes, b.page_writes),
+            lazy_writes: d(a.lazy_writes, b.lazy_writes),
+            ext_page_reads: d(a.ext_page_reads, b.ext_page_reads),
+            ext_page_writes: d(a.ext_page_writes, b.ext_page_writes),
+            ext_page_evictions: d(a.ext_page_evictions, b.ext_page_evictions),
+            ext_bytes_written: d(a.ext_bytes_written, b.ext_bytes_written),
+            ext_admissions_dropped: d(a.ext_admissions_dropped, b.ext_admissions_dropped),
+            ext_checksum_failures: d(a.ext_checksum_failures, b.ext_checksum_failures),
+            ext_sequential_write_percent: b.ext_sequential_write_percent,
+            hit_ratio_percent: if lookups == 0 {
+                100.0
+            } else {
+                hits as f64 * 100.0 / lookups as f64
+            },
+            database_pages: b.database_pages,
+            ext_allocated_pages: b.ext_allocated_pages,
+            memory_bytes: b.memory_bytes,
+            max_memory: b.max_memory,
+            buffered_data_files: b.buffered_data_files,
+            engine: engine().is_some(),
+        }
+    }
+}

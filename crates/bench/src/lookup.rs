@@ -1,0 +1,333 @@
+//! The lookup benchmark: a table of 1,000,000 rows of 1000 bytes (just over 1 GB) and 10,000
+//! random point selects, in the five configurations of the published SQL Server experiment.
+
+use crate::args::LookupArgs;
+use crate::child::{run_config, EngineEnv};
+use crate::db::{self, Counters};
+use crate::report::{
+    fmt_duration, print_storage, print_table_left, ratio, BenchReport, ConfigResult,
+};
+use crate::sampler::Sampler;
+use crate::storage::{db_bytes, Storage};
+use crate::{progress, reference};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The configurations, in the seed's order, with its SQL Server 2014 figures (seconds).
+pub const CONFIGS: [(&str, f64); 5] = [
+    ("ram_resident", 1.5),
+    ("cold_slow_disk", 122.0),
+    ("limited_memory", 116.0),
+    ("limited_memory_bpe", 4.6),
+    ("ssd_cold", 6.3),
+];
+
+fn describe(name: &str, memory_mb: u64, extension_mb: u64) -> String {
+    match name {
+        "ram_resident" => "all data in RAM (L1), warmed by a full scan".into(),
+        "cold_slow_disk" => "caches dropped, data on the slow device, enough memory".into(),
+        "limited_memory" => format!("{memory_mb} MB max memory, no extension"),
+        "limited_memory_bpe" => {
+            format!("{memory_mb} MB + {extension_mb} MB extension warmed by a full scan")
+        }
+        _ => format!("database on the fast disk, {memory_mb} MB, caches dropped, no extension"),
+    }
+}
+
+const ROW_BYTES: usize = 1000;
+const SEED: u64 = 20140401;
+
+/// What a child runs.
+#[derive(Serialize, Deserialize)]
+struct ChildConfig {
+    name: String,
+    description: String,
+    db: PathBuf,
+    rows: u64,
+    lookups: u64,
+    /// Full scan before the timed lookups.
+    warm: bool,
+    /// Extension file and size in MB.
+    extension: Option<(PathBuf, u64)>,
+}
+
+pub fn run(a: LookupArgs) -> anyhow::Result<()> {
+    let c = &a.common;
+    let quick = c.quick;
+    let rows = a.rows.unwrap_or(if quick { 40_000 } else { 1_000_000 });
+    let lookups = a.lookups.unwrap_or(if quick { 1_000 } else { 10_000 });
+    let memory_mb = a.memory_mb.unwrap_or(if quick { 16 } else { 256 });
+    let extension_mb = a.extension_mb.unwrap_or(if quick { 256 } else { 4096 });
+    let storage = Storage::from_args(c, "lookup")?;
+    let db_path = storage.data_dir.join(format!("lookup-{rows}.db"));
+    load(&db_path, rows, c.reload)?;
+    let size_mb = db_bytes(&db_path) >> 20;
+    let enough_mb = size_mb * 3 / 2 + 64;
+    // With a real slow volume, "the fast disk" needs its own copy of the database.
+    let fast_db = if c.data_dir.is_some() {
+        let dir = storage.ext_dir.join("data-lookup-fast");
+        std::fs::create_dir_all(&dir)?;
+        let p = dir.join(format!("lookup-{rows}.db"));
+        if c.reload || db_bytes(&p) != db_bytes(&db_path) {
+            eprintln!("copying the database to the fast disk for ssd_cold");
+            std::fs::copy(&db_path, &p)?;
+        }
+        p
+    } else {
+        db_path.clone()
+    };
+    let reference = measure_reference(c, &storage)?;
+    let mut report = BenchReport::new("lookup", storage.clone(), reference);
+    report.parameters = json!({
+        "rows": rows, "row_bytes": ROW_BYTES, "lookups": lookups, "limited_memory_mb": memory_mb,
+        "enough_memory_mb": enough_mb, "extension_mb": extension_mb, "database_mb": size_mb,
+        "pager_cache_kib": db::PAGER_CACHE_KIB, "quick": quick,
+    });
+    print_storage(&storage, report.reference.as_ref());
+    println!(
+        "database:     {} ({size_mb} MB, {rows} rows)",
+        db_path.display()
+    );
+    for (name, _) in CONFIGS {
+        if !selected(c.configs.as_deref(), name) {
+            continue;
+        }
+        let description = describe(name, memory_mb, extension_mb);
+        eprintln!("== {name}: {description}");
+        let (memory, warm, ext, device, path) = match name {
+            "ram_resident" => (enough_mb, true, false, true, &db_path),
+            "cold_slow_disk" => (enough_mb, false, false, true, &db_path),
+            "limited_memory" => (memory_mb, true, false, true, &db_path),
+            "limited_memory_bpe" => (memory_mb, true, true, true, &db_path),
+            _ => (memory_mb, false, false, false, &fast_db),
+        };
+        let cfg = ChildConfig {
+            name: name.into(),
+            description: description.clone(),
+            db: path.clone(),
+            rows,
+            lookups,
+            warm,
+            extension: ext.then(|| (storage.extension_path(name), extension_mb)),
+        };
+        let env = EngineEnv {
+            memory_mb: memory,
+            device: device.then_some(&storage.data_device),
+        };
+        let results = run_config("lookup", &cfg, env, c.sample_ms, &storage.ext_dir)?;
+        report.configs.extend(results);
+    }
+    report.summary = summarize(&report, lookups);
+    print_results(&report);
+    report.finish(c)
+}
+
+pub fn selected(filter: Option<&[String]>, name: &str) -> bool {
+    filter.is_none_or(|f| f.iter().any(|n| n == name))
+}
+
+pub fn measure_reference(
+    c: &crate::args::CommonArgs,
+    storage: &Storage,
+) -> anyhow::Result<Option<reference::Reference>> {
+    let mib = c.reference_mib.unwrap_or(if c.quick { 256 } else { 1024 });
+    if mib == 0 {
+        return Ok(None);
+    }
+    let sp = progress::spinner("reference");
+    sp.set_message(format!("measuring {}", storage.ext_dir.display()));
+    let r = reference::measure(&storage.ext_dir, mib)?;
+    sp.finish_and_clear();
+    Ok(Some(r))
+}
+
+/// Creates the table unless a complete one with `rows` rows is there (loading is not timed).
+fn load(path: &Path, rows: u64, reload: bool) -> anyhow::Result<()> {
+    let marker = PathBuf::from(format!("{}.loaded", path.display()));
+    if !reload && marker.exists() && path.exists() {
+        return Ok(());
+    }
+    for suffix in ["", "-wal", "-shm", ".loaded"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let conn = db::open_for_load(path)?;
+    conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, n TEXT NOT NULL)")?;
+    let pb = progress::bar(rows, "load");
+    let value = "A".repeat(ROW_BYTES);
+    let batch = 50_000;
+    let mut id = 1;
+    while id <= rows {
+        let tx = conn.unchecked_transaction()?;
+        {
+            let mut ins = tx.prepare_cached("INSERT INTO t (id, n) VALUES (?1, ?2)")?;
+            let end = (id + batch).min(rows + 1);
+            for i in id..end {
+                ins.execute(rusqlite::params![i as i64, value])?;
+            }
+            pb.inc(end - id);
+            id = end;
+        }
+        tx.commit()?;
+    }
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")?;
+    drop(conn);
+    pb.finish_and_clear();
+    std::fs::write(&marker, format!("{rows}\n"))?;
+    Ok(())
+}
+
+/// The child: one configuration, timed.
+pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<ConfigResult>> {
+    let cfg: ChildConfig = serde_json::from_value(config)?;
+    let conn = db::open(&cfg.db)?;
+    db::drop_clean_buffers(&conn, &cfg.db)?;
+    if let Some((path, mb)) = &cfg.extension {
+        db::enable_extension(&conn, path, *mb)?;
+    }
+    let mut details = json!({});
+    if cfg.warm {
+        let t = Instant::now();
+        let sp = progress::spinner("warm");
+        sp.set_message("full scan");
+        let _: i64 = conn.query_row("SELECT sum(length(n)) FROM t", [], |r| r.get(0))?;
+        db::wait_for_extension_writes();
+        sp.finish_and_clear();
+        details["warm_seconds"] = json!(t.elapsed().as_secs_f64());
+    }
+    let ops = Arc::new(AtomicU64::new(0));
+    let before = db::snapshot();
+    let sampler = Sampler::start(Duration::from_millis(sample_ms), ops.clone());
+    let pb = progress::bar(cfg.lookups, &cfg.name);
+    let mut rng = StdRng::seed_from_u64(SEED);
+    let mut q = conn.prepare("SELECT n FROM t WHERE id = ?1")?;
+    let t = Instant::now();
+    let mut bytes = 0usize;
+    for i in 0..cfg.lookups {
+        let id = rng.gen_range(1..=cfg.rows) as i64;
+        let n: String = q.query_row([id], |r| r.get(0))?;
+        bytes += n.len();
+        ops.fetch_add(1, Relaxed);
+        if i % 64 == 0 {
+            pb.set_position(i);
+        }
+    }
+    let seconds = t.elapsed().as_secs_f64();
+    let after = db::snapshot();
+    let series = sampler.finish();
+    pb.finish_and_clear();
+    anyhow::ensure!(
+        bytes == cfg.lookups as usize * ROW_BYTES,
+        "a lookup returned a wrong row"
+    );
+    Ok(vec![ConfigResult {
+        name: cfg.name,
+        description: cfg.description,
+        seconds,
+        operations: cfg.lookups,
+        counters: Counters::between(&before, &after),
+        series,
+        details,
+    }])
+}
+
+fn summarize(r: &BenchReport, lookups: u64) -> serde_json::Value {
+    let secs = |n: &str| r.config(n).map(|c| c.seconds);
+    let (ram, lim, bpe, ssd) = (
+        secs("ram_resident"),
+        secs("limited_memory"),
+        secs("limited_memory_bpe"),
+        secs("ssd_cold"),
+    );
+    let mut s = json!({});
+    if let (Some(l), Some(b)) = (lim, bpe) {
+        s["limited_memory_over_bpe"] = json!(ratio(l, b));
+    }
+    if let (Some(b), Some(m)) = (bpe, ram) {
+        s["bpe_over_ram_resident"] = json!(ratio(b, m));
+    }
+    if let (Some(c), Some(b)) = (ssd, bpe) {
+        s["ssd_cold_over_bpe"] = json!(ratio(c, b));
+    }
+    if let (Some(cfg), Some(m), Some(reference)) =
+        (r.config("limited_memory_bpe"), ram, r.reference.as_ref())
+    {
+        let l2_per_lookup = cfg.counters.ext_page_reads as f64 / lookups as f64;
+        let data_per_lookup = cfg.counters.page_reads as f64 / lookups as f64;
+        let latency_s = reference.rand_read_4k_qd1.mean_us / 1e6;
+        let ram_per_lookup = m / lookups as f64;
+        let limit = lookups as f64 * (latency_s * l2_per_lookup + ram_per_lookup);
+        s["physical_limit"] = json!({
+            "device_read_latency_us": reference.rand_read_4k_qd1.mean_us,
+            "l2_reads_per_lookup": l2_per_lookup,
+            "data_reads_per_lookup": data_per_lookup,
+            "ram_lookup_us": ram_per_lookup * 1e6,
+            "limit_seconds": limit,
+            "bpe_over_limit": ratio(cfg.seconds, limit),
+        });
+    }
+    s
+}
+
+fn print_results(r: &BenchReport) {
+    println!();
+    let mut rows = Vec::new();
+    for (i, (name, sql_server)) in CONFIGS.iter().enumerate() {
+        let Some(c) = r.config(name) else { continue };
+        let n = c.operations.max(1) as f64;
+        rows.push(vec![
+            format!("{} {name}", i + 1),
+            c.description.clone(),
+            fmt_duration(c.seconds),
+            fmt_duration(*sql_server),
+            format!("{:.1}", c.counters.hit_ratio_percent),
+            format!("{:.2}", c.counters.ext_page_reads as f64 / n),
+            format!("{:.2}", c.counters.page_reads as f64 / n),
+        ]);
+    }
+    print_table_left(
+        &[
+            "#  config",
+            "description",
+            "sqlite-bpe",
+            "SQL Server",
+            "L1 hit %",
+            "L2 reads/lookup",
+            "data reads/lookup",
+        ],
+        &rows,
+        2,
+    );
+    let s = &r.summary;
+    println!();
+    let show = |label: &str, key: &str, theirs: &str| {
+        if let Some(v) = s[key].as_f64() {
+            println!("{label:<40} {v:>10.2}   (SQL Server: {theirs})");
+        }
+    };
+    show(
+        "limited_memory / limited_memory_bpe",
+        "limited_memory_over_bpe",
+        "25",
+    );
+    show(
+        "limited_memory_bpe / ram_resident",
+        "bpe_over_ram_resident",
+        "3.1",
+    );
+    show("ssd_cold / limited_memory_bpe", "ssd_cold_over_bpe", "1.37");
+    if let Some(p) = s.get("physical_limit") {
+        println!(
+            "physical limit for limited_memory_bpe:   {} = {:.2} L2 reads/lookup x {:.1} µs + {:.1} µs in RAM, per lookup; measured / limit = {:.2}",
+            fmt_duration(p["limit_seconds"].as_f64().unwrap_or(0.0)),
+            p["l2_reads_per_lookup"].as_f64().unwrap_or(0.0),
+            p["device_read_latency_us"].as_f64().unwrap_or(0.0),
+            p["ram_lookup_us"].as_f64().unwrap_or(0.0),
+            p["bpe_over_limit"].as_f64().unwrap_or(0.0),
+        );
+    }
+}

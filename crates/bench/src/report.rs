@@ -1,0 +1,188 @@
+//! Results: what each configuration measured, the JSON written by `--json`, and text tables.
+
+use crate::args::CommonArgs;
+use crate::db::Counters;
+use crate::reference::Reference;
+use crate::sampler::Sample;
+use crate::storage::Storage;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One configuration's timed phase.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ConfigResult {
+    pub name: String,
+    pub description: String,
+    pub seconds: f64,
+    /// Lookups, scans, transactions or queries completed in `seconds`.
+    pub operations: u64,
+    pub counters: Counters,
+    /// Buffer Manager counters sampled during the phase.
+    pub series: Vec<Sample>,
+    /// Benchmark-specific figures (per-query times, per-type counts, checks).
+    #[serde(default)]
+    pub details: Value,
+}
+
+/// What `--json` writes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BenchReport {
+    pub benchmark: String,
+    /// `bpe` when the runs went through the bpe VFS, `unix` without the adapter.
+    pub vfs: String,
+    pub machine: Value,
+    pub storage: Storage,
+    pub reference: Option<Reference>,
+    pub parameters: Value,
+    pub configs: Vec<ConfigResult>,
+    pub summary: Value,
+}
+
+impl BenchReport {
+    pub fn new(benchmark: &str, storage: Storage, reference: Option<Reference>) -> Self {
+        BenchReport {
+            benchmark: benchmark.into(),
+            vfs: crate::db::vfs().unwrap_or("unix").into(),
+            machine: machine(),
+            storage,
+            reference,
+            parameters: Value::Null,
+            configs: Vec::new(),
+            summary: Value::Null,
+        }
+    }
+
+    pub fn config(&self, name: &str) -> Option<&ConfigResult> {
+        self.configs.iter().find(|c| c.name == name)
+    }
+
+    /// Writes --json and --plot where asked.
+    pub fn finish(&self, common: &CommonArgs) -> anyhow::Result<()> {
+        if let Some(path) = &common.json {
+            std::fs::write(path, serde_json::to_string_pretty(self)?)?;
+            eprintln!("results written to {}", path.display());
+        }
+        if let Some(path) = &common.plot {
+            crate::plot::draw(self, path)?;
+            eprintln!("plot written to {}", path.display());
+        }
+        Ok(())
+    }
+}
+
+fn machine() -> Value {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_default();
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    serde_json::json!({
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "memory_bytes": bpe_core::config::physical_memory(),
+        "cpu": cpu,
+        "kernel": kernel.trim(),
+        "unix_time": unix,
+    })
+}
+
+/// Prints rows under headers, columns padded to their widest cell (first column left-aligned).
+pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+    print_table_left(headers, rows, 1)
+}
+
+/// As [`print_table`], with the first `left` columns left-aligned.
+pub fn print_table_left(headers: &[&str], rows: &[Vec<String>], left: usize) {
+    let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if i < w.len() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i < left {
+                    format!("{c:<width$}", width = w[i])
+                } else {
+                    format!("{c:>width$}", width = w[i])
+                }
+            })
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(headers.iter().map(|s| s.to_string()).collect());
+    line(w.iter().map(|n| "-".repeat(*n)).collect());
+    for r in rows {
+        line(r.clone());
+    }
+}
+
+/// Seconds as the seeds write them: "1.5 s" below a minute, "2:02" above.
+pub fn fmt_duration(s: f64) -> String {
+    if s >= 60.0 {
+        let whole = s.round() as u64;
+        format!("{}:{:02}", whole / 60, whole % 60)
+    } else if s >= 10.0 {
+        format!("{s:.1} s")
+    } else if s >= 0.1 {
+        format!("{s:.2} s")
+    } else {
+        format!("{:.1} ms", s * 1000.0)
+    }
+}
+
+pub fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        f64::NAN
+    }
+}
+
+/// Prints the storage and the physical reference a run used.
+pub fn print_storage(s: &Storage, r: Option<&Reference>) {
+    let d = &s.data_device;
+    let device = if d.emulated {
+        format!(
+            "{} (in-process: {} µs per read{})",
+            d.name,
+            d.latency_us,
+            if d.iops > 0 {
+                format!(", {} IOPS", d.iops)
+            } else {
+                String::new()
+            }
+        )
+    } else {
+        "real (no emulation)".to_string()
+    };
+    println!("data device:  {device}");
+    println!("data dir:     {} ({})", s.data_dir.display(), s.data_fs);
+    println!("ext dir:      {} ({})", s.ext_dir.display(), s.ext_fs);
+    if let Some(r) = r {
+        println!(
+            "reference on ext fs ({} MiB file{}): 4 KiB QD1 {:.1} µs, 8 KiB QD1 {:.1} µs, 8 KiB QD4 {:.1} µs ({:.0} IOPS), seq read {:.0} MB/s, seq write {:.0} MB/s",
+            r.file_mib,
+            if r.direct_io { ", O_DIRECT" } else { ", buffered" },
+            r.rand_read_4k_qd1.mean_us,
+            r.rand_read_8k_qd1.mean_us,
+            r.rand_read_8k_qd4.mean_us,
+            r.rand_read_8k_qd4.iops,
+            r.seq_read_mb_s,
+            r.seq_write_mb_s
+        );
+    }
+}

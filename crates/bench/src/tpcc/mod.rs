@@ -1,0 +1,9 @@
+//! TPC-C-like OLTP (stub).
+use crate::args::OltpArgs;
+use crate::report::ConfigResult;
+pub fn run(_a: OltpArgs) -> anyhow::Result<()> {
+    anyhow::bail!("not yet")
+}
+pub fn child(_c: serde_json::Value, _s: u64) -> anyhow::Result<Vec<ConfigResult>> {
+    anyhow::bail!("not yet")
+}

@@ -1,0 +1,84 @@
+//! End to end: `bpe-bench lookup` at a tiny scale, checking the JSON it writes.
+
+use std::process::Command;
+
+#[test]
+fn lookup_runs_all_five_configurations() {
+    let dir = tempfile::Builder::new()
+        .prefix("bench-test")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let json = dir.path().join("lookup.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_bpe-bench"))
+        .current_dir(dir.path())
+        .args([
+            "lookup",
+            "--quick",
+            "--data-device",
+            "emulated:ssd",
+            "--rows",
+            "4000",
+            "--lookups",
+            "300",
+            "--memory-mb",
+            "2",
+            "--extension-mb",
+            "64",
+            "--reference-mib",
+            "16",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "bench failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["benchmark"], "lookup");
+    assert_eq!(v["storage"]["data_device"]["name"], "emulated:ssd");
+    assert!(
+        v["reference"]["rand_read_4k_qd1"]["mean_us"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    let names: Vec<&str> = v["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "ram_resident",
+            "cold_slow_disk",
+            "limited_memory",
+            "limited_memory_bpe",
+            "ssd_cold"
+        ]
+    );
+    for c in v["configs"].as_array().unwrap() {
+        assert_eq!(c["operations"], 300, "{c}");
+        let s = c["seconds"].as_f64().unwrap();
+        assert!(s > 0.0 && s < 60.0, "{c}");
+        let counters = &c["counters"];
+        assert!(counters["hit_ratio_percent"].as_f64().unwrap() <= 100.0);
+        if counters["engine"].as_bool().unwrap() {
+            // Every lookup reads at least one page through the engine.
+            assert!(counters["page_lookups"].as_u64().unwrap() >= 300, "{c}");
+        }
+    }
+    let bpe = &v["configs"][3]["counters"];
+    if bpe["engine"].as_bool().unwrap() {
+        assert!(
+            bpe["ext_page_reads"].as_u64().unwrap() > 0,
+            "the warmed extension served no page: {bpe}"
+        );
+    }
+    assert!(v["summary"]["limited_memory_over_bpe"].as_f64().is_some());
+}
