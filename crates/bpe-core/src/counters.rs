@@ -29,11 +29,41 @@ impl CounterKind {
     }
 }
 
+/// A counter bumped on the hit path by every thread: split over cache lines so that threads do
+/// not fight over one line, summed when read.
+#[derive(Default)]
+pub struct StripedCounter {
+    stripes: [Padded; STRIPES],
+}
+
+const STRIPES: usize = 16;
+
+#[derive(Default)]
+#[repr(align(128))]
+struct Padded(AtomicU64);
+
+thread_local! {
+    static STRIPE: usize = {
+        use std::hash::{BuildHasher, RandomState};
+        RandomState::new().hash_one(std::thread::current().id()) as usize % STRIPES
+    };
+}
+
+impl StripedCounter {
+    pub fn bump(&self) {
+        let i = STRIPE.with(|s| *s);
+        self.stripes[i].0.fetch_add(1, Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.stripes.iter().map(|p| p.0.load(Relaxed)).sum()
+    }
+}
+
 /// Event counts, bumped on the I/O paths.
 #[derive(Default)]
 pub struct Counters {
-    pub page_lookups: AtomicU64,
-    pub l1_hits: AtomicU64,
+    pub page_lookups: StripedCounter,
+    pub l1_hits: StripedCounter,
     pub page_reads: AtomicU64,
     pub page_writes: AtomicU64,
     pub readahead_pages: AtomicU64,
@@ -132,8 +162,8 @@ impl CounterSnapshot {
         let residence = l(&c.l1_residence_ms);
         let ext_writes = l(&c.ext_page_writes);
         CounterSnapshot {
-            page_lookups: l(&c.page_lookups),
-            l1_hits: l(&c.l1_hits),
+            page_lookups: c.page_lookups.get(),
+            l1_hits: c.l1_hits.get(),
             page_reads: l(&c.page_reads),
             page_writes: l(&c.page_writes),
             readahead_pages: l(&c.readahead_pages),

@@ -37,7 +37,7 @@ impl Engine {
             });
         }
         let key = PageKey::new(file.id, page);
-        Counters::bump(&self.counters.page_lookups);
+        self.counters.page_lookups.bump();
         if self.tracing.load(Relaxed) {
             self.trace.lock().push(key);
         }
@@ -46,7 +46,7 @@ impl Engine {
                 Lookup::Hit(frame) => {
                     frame.touch(self.now_ms());
                     buf.copy_from_slice(&frame.data);
-                    Counters::bump(&self.counters.l1_hits);
+                    self.counters.l1_hits.bump();
                     return Ok(PageRead {
                         tier: Tier::Memory,
                         len: page_size,

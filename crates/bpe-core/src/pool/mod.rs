@@ -11,7 +11,7 @@ mod replacer;
 pub use frame::Frame;
 pub use pending::Pending;
 
-use crate::page::{FileId, PageKey};
+use crate::page::{FileId, PageKey, PageKeyHash};
 use parking_lot::{Mutex, RwLock};
 use replacer::Replacer;
 use std::collections::HashMap;
@@ -23,8 +23,8 @@ const SHARDS: usize = 64;
 
 #[derive(Default)]
 struct Shard {
-    frames: HashMap<PageKey, Arc<Frame>>,
-    pending: HashMap<PageKey, Arc<Pending>>,
+    frames: HashMap<PageKey, Arc<Frame>, PageKeyHash>,
+    pending: HashMap<PageKey, Arc<Pending>, PageKeyHash>,
 }
 
 /// Receives frames leaving L1, while the frame's shard is still locked so that no write to the
@@ -50,7 +50,6 @@ pub struct Ticket {
 
 pub struct BufferPool {
     shards: Vec<RwLock<Shard>>,
-    hasher: std::collections::hash_map::RandomState,
     replacer: Mutex<Replacer>,
     /// Bytes charged by resident frames.
     used: AtomicU64,
@@ -63,7 +62,6 @@ impl BufferPool {
     pub fn new(target_bytes: u64) -> Self {
         BufferPool {
             shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
-            hasher: Default::default(),
             replacer: Mutex::new(Replacer::default()),
             used: AtomicU64::new(0),
             target: AtomicU64::new(target_bytes),
@@ -72,7 +70,9 @@ impl BufferPool {
     }
 
     fn shard(&self, key: &PageKey) -> &RwLock<Shard> {
-        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
+        // The high bits pick the shard; the map inside uses the same hash's low bits.
+        let h = PageKeyHash::default().hash_one(key);
+        &self.shards[(h >> 58) as usize % SHARDS]
     }
 
     /// The hit path: one shard read lock. On a miss, registers the caller as the page's loader.
@@ -306,7 +306,7 @@ impl BufferPool {
     }
 }
 
-fn remove_if_same(map: &mut HashMap<PageKey, Arc<Pending>>, key: &PageKey, p: &Arc<Pending>) {
+fn remove_if_same(map: &mut HashMap<PageKey, Arc<Pending>, PageKeyHash>, key: &PageKey, p: &Arc<Pending>) {
     if map.get(key).is_some_and(|q| Arc::ptr_eq(q, p)) {
         map.remove(key);
     }
