@@ -95,6 +95,7 @@ fn machine() -> Value {
 }
 
 /// Prints rows under headers, columns padded to their widest cell (first column left-aligned).
+#[allow(dead_code)]
 pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     print_table_left(headers, rows, 1)
 }
@@ -184,5 +185,38 @@ pub fn print_storage(s: &Storage, r: Option<&Reference>) {
             r.seq_read_mb_s,
             r.seq_write_mb_s
         );
+    }
+}
+
+impl ConfigResult {
+    /// Times `work` with the counter sampler running; `work` counts its operations in the
+    /// counter it is given and returns its details.
+    pub fn measure(
+        name: &str,
+        description: &str,
+        sample_ms: u64,
+        work: impl FnOnce(&std::sync::atomic::AtomicU64) -> anyhow::Result<Value>,
+    ) -> anyhow::Result<ConfigResult> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let ops = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let before = crate::db::snapshot();
+        let sampler = crate::sampler::Sampler::start(
+            std::time::Duration::from_millis(sample_ms),
+            ops.clone(),
+        );
+        let t = std::time::Instant::now();
+        let details = work(&ops);
+        let seconds = t.elapsed().as_secs_f64();
+        let after = crate::db::snapshot();
+        let series = sampler.finish();
+        Ok(ConfigResult {
+            name: name.into(),
+            description: description.into(),
+            seconds,
+            operations: ops.load(Relaxed),
+            counters: Counters::between(&before, &after),
+            series,
+            details: details?,
+        })
     }
 }

@@ -1,9 +1,338 @@
-//! The scan benchmark (stub).
+//! The scan benchmark: `SELECT AVG(ActualCost)` over a ~1 GB transaction history, cold from the
+//! slow device, warm, with 256 MB of memory, and with 256 MB plus an extension (the first run
+//! fills it, the second reads from it).
+
 use crate::args::ScanArgs;
-use crate::report::ConfigResult;
-pub fn run(_a: ScanArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not yet")
+use crate::child::{run_config, EngineEnv};
+use crate::db;
+use crate::lookup::{measure_reference, selected};
+use crate::report::{fmt_duration, print_storage, print_table_left, BenchReport, ConfigResult};
+use crate::storage::{db_bytes, Storage};
+use crate::{progress, reference};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Child processes: (name of the child, runs it makes, memory, extension, emulated device).
+const CHILDREN: [(&str, &[&str], Mem, bool, bool); 4] = [
+    ("cold", &["cold", "warm"], Mem::Enough, false, true),
+    (
+        "limited_memory",
+        &["limited_memory", "limited_memory_run2"],
+        Mem::Limited,
+        false,
+        true,
+    ),
+    (
+        "limited_memory_bpe",
+        &["limited_memory_bpe_fill", "limited_memory_bpe"],
+        Mem::Limited,
+        true,
+        true,
+    ),
+    ("ssd_cold", &["ssd_cold"], Mem::Enough, false, false),
+];
+
+#[derive(Clone, Copy)]
+enum Mem {
+    Enough,
+    Limited,
 }
-pub fn child(_c: serde_json::Value, _s: u64) -> anyhow::Result<Vec<ConfigResult>> {
-    anyhow::bail!("not yet")
+
+/// SQL Server 2014's figures from the published walk-through (seconds).
+fn sql_server(name: &str) -> Option<f64> {
+    match name {
+        "cold" => Some(38.1),
+        "warm" => Some(2.6),
+        "limited_memory" | "limited_memory_run2" => Some(37.8),
+        "limited_memory_bpe_fill" => Some(42.0),
+        _ => None,
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct ChildConfig {
+    db: PathBuf,
+    runs: Vec<String>,
+    memory_mb: u64,
+    extension: Option<(PathBuf, u64)>,
+    table_bytes: u64,
+}
+
+pub fn run(a: ScanArgs) -> anyhow::Result<()> {
+    let c = &a.common;
+    let table_mb = a.table_mb.unwrap_or(if c.quick { 64 } else { 1024 });
+    let memory_mb = a.memory_mb.unwrap_or(if c.quick { 16 } else { 256 });
+    let extension_mb = a.extension_mb.unwrap_or(if c.quick { 256 } else { 4096 });
+    let storage = Storage::from_args(c, "scan")?;
+    let db_path = storage.data_dir.join(format!("scan-{table_mb}mb.db"));
+    let rows = load(&db_path, table_mb << 20, c.reload)?;
+    let table_bytes = db_bytes(&db_path);
+    let enough_mb = (table_bytes >> 20) * 3 / 2 + 64;
+    let fast_db = if c.data_dir.is_some() {
+        let dir = storage.ext_dir.join("data-scan-fast");
+        std::fs::create_dir_all(&dir)?;
+        let p = dir.join(db_path.file_name().expect("file name"));
+        if c.reload || db_bytes(&p) != table_bytes {
+            eprintln!("copying the database to the fast disk for ssd_cold");
+            std::fs::copy(&db_path, &p)?;
+        }
+        p
+    } else {
+        db_path.clone()
+    };
+    let reference = measure_reference(c, &storage)?;
+    // A real data device gets its own reference (its sequential bandwidth is the scan's limit).
+    let data_reference = if c.data_dir.is_some() && !storage.data_device.emulated {
+        Some(reference::measure(&storage.data_dir, 128)?)
+    } else {
+        None
+    };
+    let mut report = BenchReport::new("scan", storage.clone(), reference);
+    report.parameters = json!({
+        "table_mb": table_mb, "table_bytes": table_bytes, "rows": rows,
+        "limited_memory_mb": memory_mb, "enough_memory_mb": enough_mb,
+        "extension_mb": extension_mb, "pager_cache_kib": db::PAGER_CACHE_KIB,
+        "data_reference": data_reference, "quick": c.quick,
+    });
+    print_storage(&storage, report.reference.as_ref());
+    println!(
+        "table:        {} ({} MB, {rows} rows)",
+        db_path.display(),
+        table_bytes >> 20
+    );
+    for (child, runs, mem, ext, emulated) in CHILDREN {
+        if !runs.iter().any(|r| selected(c.configs.as_deref(), r)) {
+            continue;
+        }
+        eprintln!("== {child}");
+        let memory = match mem {
+            Mem::Enough => enough_mb,
+            Mem::Limited => memory_mb,
+        };
+        let cfg = ChildConfig {
+            db: if emulated {
+                db_path.clone()
+            } else {
+                fast_db.clone()
+            },
+            runs: runs.iter().map(|s| s.to_string()).collect(),
+            memory_mb: memory,
+            extension: ext.then(|| (storage.extension_path(child), extension_mb)),
+            table_bytes,
+        };
+        let env = EngineEnv {
+            memory_mb: memory,
+            device: emulated.then_some(&storage.data_device),
+        };
+        report.configs.extend(run_config(
+            "scan",
+            &cfg,
+            env,
+            c.sample_ms,
+            &storage.ext_dir,
+        )?);
+    }
+    report.summary = summarize(&report, table_bytes, data_reference.as_ref());
+    print_results(&report);
+    report.finish(c)
+}
+
+/// Fills the table until the database reaches `bytes`; returns the row count.
+fn load(path: &Path, bytes: u64, reload: bool) -> anyhow::Result<u64> {
+    let marker = PathBuf::from(format!("{}.loaded", path.display()));
+    if !reload && path.exists() {
+        if let Ok(s) = std::fs::read_to_string(&marker) {
+            if let Ok(n) = s.trim().parse() {
+                return Ok(n);
+            }
+        }
+    }
+    for suffix in ["", "-wal", "-shm", ".loaded"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let conn = db::open_for_load(path)?;
+    conn.execute_batch(
+        "CREATE TABLE bigTransactionHistory (TransactionID INTEGER PRIMARY KEY, ProductID INTEGER NOT NULL, TransactionDate TEXT NOT NULL, Quantity INTEGER NOT NULL, ActualCost REAL NOT NULL)",
+    )?;
+    let dates: Vec<String> = (0..1461).map(|d| date_from_days(12965 + d)).collect();
+    let mut rng = StdRng::seed_from_u64(2005);
+    let pb = progress::bar(bytes >> 20, "load MB");
+    let mut id: i64 = 0;
+    loop {
+        let tx = conn.unchecked_transaction()?;
+        {
+            let mut ins =
+                tx.prepare_cached("INSERT INTO bigTransactionHistory VALUES (?1, ?2, ?3, ?4, ?5)")?;
+            for _ in 0..250_000 {
+                id += 1;
+                let qty: i64 = rng.gen_range(1..=100);
+                let cost = (rng.gen_range(1.0..2500.0f64) * 100.0).round() / 100.0;
+                ins.execute(rusqlite::params![
+                    id,
+                    rng.gen_range(1001..=50000i64),
+                    dates[rng.gen_range(0..dates.len())],
+                    qty,
+                    cost
+                ])?;
+            }
+        }
+        tx.commit()?;
+        let pages: u64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+        let size = pages * 4096;
+        pb.set_position((size >> 20).min(bytes >> 20));
+        if size >= bytes {
+            break;
+        }
+    }
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")?;
+    drop(conn);
+    pb.finish_and_clear();
+    std::fs::write(&marker, format!("{id}\n"))?;
+    Ok(id as u64)
+}
+
+/// 'YYYY-MM-DD' of a day number counted from 1970-01-01 (civil calendar).
+fn date_from_days(z: i64) -> String {
+    let z = z + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<ConfigResult>> {
+    let cfg: ChildConfig = serde_json::from_value(config)?;
+    let conn = db::open(&cfg.db)?;
+    db::drop_clean_buffers(&conn, &cfg.db)?;
+    if let Some((path, mb)) = &cfg.extension {
+        db::enable_extension(&conn, path, *mb)?;
+    }
+    let mut out = Vec::new();
+    for (i, name) in cfg.runs.iter().enumerate() {
+        let mut waited = 0.0;
+        if i > 0 && cfg.extension.is_some() {
+            let t = std::time::Instant::now();
+            db::wait_for_extension_writes();
+            waited = t.elapsed().as_secs_f64();
+        }
+        let description = format!(
+            "run {} with {} MB{}",
+            i + 1,
+            cfg.memory_mb,
+            if cfg.extension.is_some() {
+                " + extension"
+            } else {
+                ""
+            }
+        );
+        let sp = progress::spinner(name);
+        sp.set_message("SELECT AVG(ActualCost) FROM bigTransactionHistory");
+        let mut r = ConfigResult::measure(name, &description, sample_ms, |ops| {
+            let avg: f64 = conn.query_row(
+                "SELECT AVG(ActualCost) FROM bigTransactionHistory",
+                [],
+                |r| r.get(0),
+            )?;
+            ops.fetch_add(1, Relaxed);
+            Ok(json!({ "avg": avg }))
+        })?;
+        sp.finish_and_clear();
+        r.details["waited_for_extension_writer_s"] = json!(waited);
+        r.details["mb_per_s"] = json!(cfg.table_bytes as f64 / 1048576.0 / r.seconds);
+        out.push(r);
+    }
+    Ok(out)
+}
+
+fn summarize(
+    r: &BenchReport,
+    table_bytes: u64,
+    data_ref: Option<&reference::Reference>,
+) -> serde_json::Value {
+    let d = &r.storage.data_device;
+    // The slow device's sequential bandwidth: measured for a real device; for the emulation,
+    // what it allows at queue depth 1 with the core's largest request (readahead, 256 KiB).
+    let slow_mb_s = match data_ref {
+        Some(x) => x.seq_read_mb_s,
+        None if d.emulated && d.emulated_request_s() > 0.0 => {
+            (bpe_core::config::READAHEAD_BYTES as f64 / 1048576.0) / d.emulated_request_s()
+        }
+        None => r.reference.as_ref().map_or(0.0, |x| x.seq_read_mb_s),
+    };
+    let fast_mb_s = r.reference.as_ref().map_or(0.0, |x| x.seq_read_mb_s);
+    let mut runs = serde_json::Map::new();
+    for c in &r.configs {
+        let mb_s = table_bytes as f64 / 1048576.0 / c.seconds;
+        let against = if c.name.starts_with("limited_memory_bpe")
+            && c.name != "limited_memory_bpe_fill"
+            || c.name == "ssd_cold"
+        {
+            fast_mb_s
+        } else {
+            slow_mb_s
+        };
+        runs.insert(
+            c.name.clone(),
+            json!({ "mb_per_s": mb_s, "device_mb_per_s": against, "fraction_of_device": mb_s / against }),
+        );
+    }
+    json!({ "slow_device_seq_mb_s": slow_mb_s, "fast_disk_seq_mb_s": fast_mb_s, "runs": runs })
+}
+
+fn print_results(r: &BenchReport) {
+    println!();
+    let rows: Vec<Vec<String>> = r
+        .configs
+        .iter()
+        .map(|c| {
+            let k = &c.counters;
+            let s = &r.summary["runs"][&c.name];
+            vec![
+                c.name.clone(),
+                c.description.clone(),
+                fmt_duration(c.seconds),
+                sql_server(&c.name).map_or("-".into(), fmt_duration),
+                k.page_lookups.to_string(),
+                k.page_reads.to_string(),
+                k.readahead_pages.to_string(),
+                k.ext_page_reads.to_string(),
+                k.ext_page_writes.to_string(),
+                format!("{:.0}", s["mb_per_s"].as_f64().unwrap_or(0.0)),
+                format!(
+                    "{:.0} %",
+                    100.0 * s["fraction_of_device"].as_f64().unwrap_or(0.0)
+                ),
+            ]
+        })
+        .collect();
+    print_table_left(
+        &[
+            "run",
+            "configuration",
+            "sqlite-bpe",
+            "SQL Server",
+            "logical reads",
+            "physical reads",
+            "readahead",
+            "ext reads",
+            "ext writes",
+            "MB/s",
+            "of device",
+        ],
+        &rows,
+        2,
+    );
+    println!(
+        "\nslow device sequential read: {:.0} MB/s; fast disk: {:.0} MB/s ('of device' compares extension and ssd_cold runs with the fast disk, the others with the slow device)",
+        r.summary["slow_device_seq_mb_s"].as_f64().unwrap_or(0.0),
+        r.summary["fast_disk_seq_mb_s"].as_f64().unwrap_or(0.0)
+    );
 }
