@@ -1,5 +1,234 @@
-//! Plots (stub).
+//! `--plot FILE.png|FILE.svg`: the configurations as bars (seconds, log scale), then one panel
+//! per configuration with its Buffer Manager counters over time, like the perfmon charts of the
+//! published experiments.
+//!
+//! Text needs a TrueType font: the first of a few Debian fonts found at run time is registered
+//! with plotters' ab_glyph backend (no fontconfig). Without one, the chart is drawn without text.
+
 use crate::report::BenchReport;
-pub fn draw(_r: &BenchReport, _p: &std::path::Path) -> anyhow::Result<()> {
+use crate::sampler::Sample;
+use anyhow::Context;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use std::path::Path;
+
+const FONTS: [&str; 4] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/usr/share/fonts/truetype/noto/NotoSans-Regular.ttf",
+    "/usr/share/fonts/truetype/freefont/FreeSans.ttf",
+];
+
+fn register_font() -> bool {
+    static ONCE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ONCE.get_or_init(|| {
+        for f in FONTS {
+            if let Ok(bytes) = std::fs::read(f) {
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+                    return true;
+                }
+            }
+        }
+        eprintln!(
+            "no TrueType font found (apt-get install fonts-dejavu-core): plotting without text"
+        );
+        false
+    })
+}
+
+pub fn draw(r: &BenchReport, path: &Path) -> anyhow::Result<()> {
+    let text = register_font();
+    let panels = r.configs.len().div_ceil(2) as u32;
+    let size = (1400, 520 + 300 * panels);
+    let svg = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+    if svg {
+        let root = SVGBackend::new(path, size).into_drawing_area();
+        draw_on(&root, r, text)?;
+        root.present().context("writing the SVG")?;
+    } else {
+        let root = BitMapBackend::new(path, size).into_drawing_area();
+        draw_on(&root, r, text)?;
+        root.present().context("writing the PNG")?;
+    }
+    Ok(())
+}
+
+type Res = anyhow::Result<()>;
+
+fn draw_on<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, r: &BenchReport, text: bool) -> Res
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(err)?;
+    let (top, bottom) = root.split_vertically(520);
+    bars(&top, r, text)?;
+    let panels = r.configs.len().div_ceil(2);
+    if panels > 0 {
+        let areas = bottom.split_evenly((panels, 2));
+        for (c, area) in r.configs.iter().zip(areas.iter()) {
+            series(area, &c.name, &c.series, text)?;
+        }
+    }
+    Ok(())
+}
+
+fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("plotting: {e:?}")
+}
+
+fn bars<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, r: &BenchReport, text: bool) -> Res
+where
+    DB::ErrorType: 'static,
+{
+    let n = r.configs.len().max(1);
+    let max = r.configs.iter().map(|c| c.seconds).fold(0.001, f64::max);
+    let min = r.configs.iter().map(|c| c.seconds).fold(max, f64::min);
+    let lo = (min / 3.0).max(1e-4);
+    let names: Vec<String> = r.configs.iter().map(|c| c.name.clone()).collect();
+    let mut b = ChartBuilder::on(area);
+    b.margin(20);
+    if text {
+        let d = &r.storage.data_device;
+        b.caption(
+            format!(
+                "sqlite-bpe bench {}: seconds per configuration (log scale), data device {}",
+                r.benchmark, d.name
+            ),
+            ("sans-serif", 24),
+        )
+        .x_label_area_size(40)
+        .y_label_area_size(70);
+    }
+    let mut chart = b
+        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), (lo..max * 3.0).log_scale())
+        .map_err(err)?;
+    if text {
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n)
+            .x_label_formatter(&|x| {
+                let i = x.round();
+                if (x - i).abs() < 0.01 && i >= 0.0 {
+                    names.get(i as usize).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .y_desc("seconds")
+            .label_style(("sans-serif", 15))
+            .draw()
+            .map_err(err)?;
+    }
+    for (i, c) in r.configs.iter().enumerate() {
+        let x = i as f64;
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(x - 0.35, lo), (x + 0.35, c.seconds.max(lo))],
+                color.filled(),
+            )))
+            .map_err(err)?;
+        if text {
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    crate::report::fmt_duration(c.seconds),
+                    (x - 0.2, c.seconds.max(lo) * 1.15),
+                    ("sans-serif", 16),
+                )))
+                .map_err(err)?;
+        }
+    }
+    Ok(())
+}
+
+fn series<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    name: &str,
+    s: &[Sample],
+    text: bool,
+) -> Res
+where
+    DB::ErrorType: 'static,
+{
+    let t_max = s.last().map_or(1.0, |x| x.t).max(0.001);
+    let y_max = s
+        .iter()
+        .flat_map(|x| {
+            [
+                x.page_reads_per_s,
+                x.ext_page_reads_per_s,
+                x.ext_page_writes_per_s,
+            ]
+        })
+        .fold(10.0, f64::max)
+        * 1.1;
+    let mut b = ChartBuilder::on(area);
+    b.margin(12);
+    if text {
+        b.caption(
+            format!("{name}: pages/s (lines), L1 hit % (grey, right axis)"),
+            ("sans-serif", 17),
+        )
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .right_y_label_area_size(40);
+    }
+    let mut chart = b
+        .build_cartesian_2d(0f64..t_max, 0f64..y_max)
+        .map_err(err)?
+        .set_secondary_coord(0f64..t_max, 0f64..100.0);
+    if text {
+        chart
+            .configure_mesh()
+            .x_desc("seconds")
+            .label_style(("sans-serif", 13))
+            .draw()
+            .map_err(err)?;
+        chart
+            .configure_secondary_axes()
+            .label_style(("sans-serif", 13))
+            .draw()
+            .map_err(err)?;
+    }
+    let lines: [(&str, RGBColor, fn(&Sample) -> f64); 3] = [
+        ("Page reads/sec", RED, |x| x.page_reads_per_s),
+        ("Extension page reads/sec", BLUE, |x| x.ext_page_reads_per_s),
+        ("Extension page writes/sec", GREEN, |x| {
+            x.ext_page_writes_per_s
+        }),
+    ];
+    for (label, color, f) in lines {
+        let drawn = chart
+            .draw_series(LineSeries::new(
+                s.iter().map(|x| (x.t, f(x))),
+                color.stroke_width(2),
+            ))
+            .map_err(err)?;
+        if text {
+            drawn
+                .label(label)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color));
+        }
+    }
+    chart
+        .draw_secondary_series(LineSeries::new(
+            s.iter().map(|x| (x.t, x.hit_ratio_percent)),
+            RGBColor(150, 150, 150).stroke_width(1),
+        ))
+        .map_err(err)?;
+    if text {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 13))
+            .draw()
+            .map_err(err)?;
+    }
     Ok(())
 }
