@@ -194,7 +194,8 @@ where
             .draw()
             .map_err(err)?;
     }
-    let lines: [(&str, RGBColor, fn(&Sample) -> f64); 3] = [
+    type Line = (&'static str, RGBColor, fn(&Sample) -> f64);
+    let lines: [Line; 3] = [
         ("Page reads/sec", RED, |x| x.page_reads_per_s),
         ("Extension page reads/sec", BLUE, |x| x.ext_page_reads_per_s),
         ("Extension page writes/sec", GREEN, |x| {
