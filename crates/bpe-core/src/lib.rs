@@ -14,6 +14,7 @@ pub mod io;
 pub mod page;
 pub mod pool;
 mod readahead;
+pub mod statements;
 
 pub use config::{Config, DeviceEmulation};
 pub use counters::{CounterKind, CounterRow, CounterSnapshot};

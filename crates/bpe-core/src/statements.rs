@@ -1,0 +1,283 @@
+//! SQL Server's operator statements, engine-agnostic: parsed here, carried out on an [`Engine`].
+//!
+//! ```text
+//! ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '/ssd/x.bpe', SIZE = 4 GB)
+//! ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF
+//! EXEC sp_configure 'max server memory (MB)', 256      -- also EXECUTE, N'..', '256', @configname =
+//! EXEC sp_configure 'max server memory (MB)'           -- shows the value
+//! EXEC sp_configure 'show advanced options', 1         -- accepted, no effect
+//! RECONFIGURE [WITH OVERRIDE]
+//! DBCC DROPCLEANBUFFERS [WITH NO_INFOMSGS]
+//! ```
+//!
+//! Rules, chosen to catch mistakes rather than guess:
+//! - Keywords are case-insensitive; whitespace, newlines and `--` / `/* */` comments go anywhere
+//!   between tokens. Statements are self-delimiting as in T-SQL, so `;` and line breaks between
+//!   them are optional. `GO` is the client's batch separator, not a statement: it is refused here.
+//! - `SIZE` needs a unit, as in SQL Server: KB, MB, GB or TB (binary: 1 KB = 1024 bytes). The
+//!   number is a whole number above 0; the product must fit in 64 bits.
+//! - `FILENAME` is an absolute path in single quotes (`''` for a quote inside).
+//! - `max server memory (MB)` is a whole number of megabytes above 0, and takes effect at once
+//!   (this engine has no pending configuration, so `RECONFIGURE` is accepted and changes nothing).
+//! - Every statement of a text is parsed before any is carried out, so a syntax error changes
+//!   nothing. Statements then run in order and the first failure stops the rest.
+//! - `ON` while the extension is enabled at the same path resizes it (dropping its contents);
+//!   at another path it is refused. `OFF` while it is disabled does nothing.
+//!
+//! Errors carry SQL Server's error number where SQL Server has one for the same problem.
+
+mod lex;
+mod parser;
+
+use crate::{Engine, Error, ExtensionState};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+const KB: u64 = 1 << 10;
+const MB: u64 = 1 << 20;
+const MAX_MEMORY_OPTION: &str = "max server memory (MB)";
+const ADVANCED_OPTION: &str = "show advanced options";
+
+/// One operator statement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Statement {
+    /// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = .., SIZE = ..).
+    ExtensionOn { path: PathBuf, size_bytes: u64 },
+    /// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF.
+    ExtensionOff,
+    /// sp_configure 'max server memory (MB)', n.
+    MaxServerMemory { megabytes: u64 },
+    /// sp_configure 'max server memory (MB)' (no value), or sp_configure alone.
+    ShowMaxServerMemory,
+    /// sp_configure 'show advanced options' [, 0|1]: accepted so that pasted scripts run; every
+    /// option here is always visible, so it changes nothing.
+    ShowAdvancedOptions { value: Option<bool> },
+    /// RECONFIGURE [WITH OVERRIDE].
+    Reconfigure,
+    /// DBCC DROPCLEANBUFFERS [WITH NO_INFOMSGS].
+    DropCleanBuffers,
+}
+
+/// Why a text of statements was refused or failed. The message names the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum StatementError {
+    #[error("Msg 102, Line {line}: Incorrect syntax near '{near}'{}", hint(.expected))]
+    Syntax {
+        line: usize,
+        near: String,
+        expected: String,
+    },
+    #[error("Msg 105, Line {line}: Unclosed quotation mark after the character string '{text}'")]
+    UnclosedQuote { line: usize, text: String },
+    #[error("Msg 113, Line {line}: Missing end comment mark '*/'")]
+    UnclosedComment { line: usize },
+    #[error("Line {line}: invalid buffer pool extension SIZE '{text}': {reason}")]
+    BadSize {
+        line: usize,
+        text: String,
+        reason: String,
+    },
+    #[error("Line {line}: invalid buffer pool extension FILENAME '{path}': {reason}")]
+    BadPath {
+        line: usize,
+        path: String,
+        reason: String,
+    },
+    #[error("Msg 15123: The configuration option '{name}' does not exist, or it may be an advanced option (options here: 'max server memory (MB)', 'show advanced options')")]
+    UnknownOption { name: String },
+    #[error(
+        "Msg 15129: '{value}' is not a valid value for configuration option '{name}': {reason}"
+    )]
+    BadOptionValue {
+        name: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("Msg 2812: Could not find stored procedure '{0}' (only sp_configure is supported)")]
+    UnknownProcedure(String),
+    #[error("Msg 2526: Incorrect DBCC statement: DBCC {0} is not supported (only DBCC DROPCLEANBUFFERS)")]
+    UnknownDbcc(String),
+    #[error("no statement to execute")]
+    Empty,
+    #[error("{}{}", execution_message(.source), position(*.index, *.count))]
+    Execution {
+        /// 1-based position of the failed statement; the ones before it took effect.
+        index: usize,
+        count: usize,
+        source: Error,
+    },
+}
+
+fn hint(expected: &str) -> String {
+    if expected.is_empty() {
+        String::new()
+    } else {
+        format!(": expected {expected}")
+    }
+}
+
+/// At most 40 characters of `text`, for error messages.
+fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(40) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+fn position(index: usize, count: usize) -> String {
+    match (index, count) {
+        (_, 1) => String::new(),
+        (1, _) => format!(" (statement 1 of {count}; nothing was changed)"),
+        (i, _) => format!(" (statement {i} of {count}; the ones before it took effect)"),
+    }
+}
+
+fn execution_message(e: &Error) -> String {
+    match e {
+        Error::ExtensionNotLargerThanMemory { size, max_memory } => format!(
+            "Msg 868: buffer pool extension size ({}) must be larger than max server memory ({})",
+            human_bytes(*size),
+            human_bytes(*max_memory)
+        ),
+        other => other.to_string(),
+    }
+}
+
+/// `4 GB`, `1536 KB`, `12345 bytes`: the largest unit that divides the value.
+pub fn human_bytes(bytes: u64) -> String {
+    for (unit, name) in [(KB << 30, "TB"), (KB << 20, "GB"), (MB, "MB"), (KB, "KB")] {
+        if bytes >= unit && bytes.is_multiple_of(unit) {
+            return format!("{} {name}", bytes / unit);
+        }
+    }
+    format!("{bytes} bytes")
+}
+
+/// Parses every statement of `text` and carries them out in order; returns one status line
+/// per statement.
+pub fn run(engine: &Engine, text: &str) -> Result<String, StatementError> {
+    let statements = parse(text)?;
+    if statements.is_empty() {
+        return Err(StatementError::Empty);
+    }
+    let count = statements.len();
+    let mut lines = Vec::with_capacity(count);
+    for (i, statement) in statements.iter().enumerate() {
+        let line = execute(engine, statement).map_err(|source| StatementError::Execution {
+            index: i + 1,
+            count,
+            source,
+        })?;
+        lines.push(line);
+    }
+    Ok(lines.join("\n"))
+}
+
+/// Carries out one statement; returns its status line.
+pub fn execute(engine: &Engine, statement: &Statement) -> crate::Result<String> {
+    Ok(match statement {
+        Statement::ExtensionOn { path, size_bytes } => extension_on(engine, path, *size_bytes)?,
+        Statement::ExtensionOff => {
+            if engine.extension_status().state == ExtensionState::Disabled {
+                "Buffer pool extension is already disabled; nothing changed.".into()
+            } else {
+                engine.disable_extension()?;
+                "Buffer pool extension disabled.".into()
+            }
+        }
+        Statement::MaxServerMemory { megabytes } => {
+            let old = engine.max_memory();
+            engine.set_max_memory(megabytes.saturating_mul(MB))?;
+            format!(
+                "Configuration option '{MAX_MEMORY_OPTION}' changed from {} to {megabytes}.",
+                megabytes_text(old)
+            )
+        }
+        Statement::ShowMaxServerMemory => format!(
+            "{MAX_MEMORY_OPTION} = {}",
+            megabytes_text(engine.max_memory())
+        ),
+        Statement::ShowAdvancedOptions { .. } => {
+            format!("Configuration option '{ADVANCED_OPTION}' accepted: every option here is always shown.")
+        }
+        Statement::Reconfigure => {
+            "RECONFIGURE: nothing pending (configuration changes apply at once).".into()
+        }
+        Statement::DropCleanBuffers => {
+            engine.drop_clean_buffers();
+            "DBCC DROPCLEANBUFFERS: clean pages dropped from memory and the extension.".into()
+        }
+    })
+}
+
+fn extension_on(engine: &Engine, path: &Path, size: u64) -> crate::Result<String> {
+    let status = engine.extension_status();
+    if status.state == ExtensionState::Enabled && status.path.as_deref() == Some(path) {
+        // The core rounds the size down to whole slots.
+        let slot = status.slot_size.max(1) as u64;
+        if size - size % slot == status.size_bytes {
+            return Ok(format!(
+                "Buffer pool extension is already enabled at '{}' with {}; nothing changed.",
+                path.display(),
+                human_bytes(status.size_bytes)
+            ));
+        }
+        engine.resize_extension(size)?;
+        return Ok(format!(
+            "Buffer pool extension at '{}' resized from {} to {} (its contents were dropped).",
+            path.display(),
+            human_bytes(status.size_bytes),
+            human_bytes(engine.extension_status().size_bytes)
+        ));
+    }
+    engine.enable_extension(path, size)?;
+    Ok(format!(
+        "Buffer pool extension enabled at '{}' with {}.",
+        path.display(),
+        human_bytes(engine.extension_status().size_bytes)
+    ))
+}
+
+fn megabytes_text(bytes: u64) -> String {
+    if bytes.is_multiple_of(MB) {
+        (bytes / MB).to_string()
+    } else {
+        format!("{:.2} ({bytes} bytes)", bytes as f64 / MB as f64)
+    }
+}
+
+/// The canonical text of a statement: parses back to the same statement (for extension sizes
+/// in whole kilobytes, as parsed ones are).
+impl fmt::Display for Statement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const ALTER: &str = "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION";
+        match self {
+            Statement::ExtensionOn { path, size_bytes } => {
+                let path = path.to_string_lossy().replace('\'', "''");
+                let (n, unit) = [(KB << 30, "TB"), (KB << 20, "GB"), (MB, "MB"), (KB, "KB")]
+                    .into_iter()
+                    .find(|(u, _)| size_bytes.is_multiple_of(*u))
+                    .map_or((*size_bytes, "bytes"), |(u, name)| (size_bytes / u, name));
+                write!(f, "{ALTER} ON (FILENAME = '{path}', SIZE = {n} {unit})")
+            }
+            Statement::ExtensionOff => write!(f, "{ALTER} OFF"),
+            Statement::MaxServerMemory { megabytes } => {
+                write!(f, "EXEC sp_configure '{MAX_MEMORY_OPTION}', {megabytes}")
+            }
+            Statement::ShowMaxServerMemory => write!(f, "EXEC sp_configure '{MAX_MEMORY_OPTION}'"),
+            Statement::ShowAdvancedOptions { value: None } => {
+                write!(f, "EXEC sp_configure '{ADVANCED_OPTION}'")
+            }
+            Statement::ShowAdvancedOptions { value: Some(v) } => {
+                write!(f, "EXEC sp_configure '{ADVANCED_OPTION}', {}", u8::from(*v))
+            }
+            Statement::Reconfigure => write!(f, "RECONFIGURE"),
+            Statement::DropCleanBuffers => write!(f, "DBCC DROPCLEANBUFFERS"),
+        }
+    }
+}
+
+/// Parses every statement of `text`. An empty text (or only comments and `;`) gives no statement.
+pub fn parse(text: &str) -> Result<Vec<Statement>, StatementError> {
+    parser::parse(text)
+}
