@@ -284,7 +284,16 @@ fn summarize(
             json!({ "mb_per_s": mb_s, "device_mb_per_s": against, "fraction_of_device": mb_s / against }),
         );
     }
-    json!({ "slow_device_seq_mb_s": slow_mb_s, "fast_disk_seq_mb_s": fast_mb_s, "runs": runs })
+    let fill = r
+        .config("limited_memory_bpe_fill")
+        .map(crate::lookup::fill_summary);
+    json!({
+        "slow_device_seq_mb_s": slow_mb_s,
+        "fast_disk_seq_mb_s": fast_mb_s,
+        "device_seq_write_mb_s": r.reference.as_ref().map(|x| x.seq_write_mb_s),
+        "runs": runs,
+        "extension_fill": fill,
+    })
 }
 
 fn print_results(r: &BenchReport) {
@@ -335,4 +344,15 @@ fn print_results(r: &BenchReport) {
         r.summary["slow_device_seq_mb_s"].as_f64().unwrap_or(0.0),
         r.summary["fast_disk_seq_mb_s"].as_f64().unwrap_or(0.0)
     );
+    let f = &r.summary["extension_fill"];
+    if !f.is_null() {
+        println!(
+            "extension fill (limited_memory_bpe_fill): {:.0} MB written, {} % sequential, {:.0} MB/s mean, {:.0} MB/s peak, {} admissions dropped",
+            f["ext_bytes_written"].as_f64().unwrap_or(0.0) / 1048576.0,
+            f["ext_sequential_write_percent"],
+            f["ext_write_mb_s_mean"].as_f64().unwrap_or(0.0),
+            f["ext_write_mb_s_peak"].as_f64().unwrap_or(0.0),
+            f["ext_admissions_dropped"],
+        );
+    }
 }
