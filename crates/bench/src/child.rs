@@ -49,7 +49,11 @@ pub fn run_config<C: Serialize>(
         result: result.clone(),
         sample_ms,
     };
-    let exe = std::env::current_exe().context("finding the current executable")?;
+    // /proc/self/exe still names this process's executable after a rebuild replaced the file.
+    let exe = match std::path::Path::new("/proc/self/exe").exists() {
+        true => PathBuf::from("/proc/self/exe"),
+        false => std::env::current_exe().context("finding the current executable")?,
+    };
     let mut cmd = Command::new(exe);
     cmd.args(std::env::args_os().skip(1))
         .env(CHILD_ENV, serde_json::to_string(&spec)?)

@@ -94,7 +94,12 @@ pub fn run(a: DwArgs) -> anyhow::Result<()> {
         (Some(off), Some(on)) => json!(ratio(off, on)),
         _ => serde_json::Value::Null,
     };
-    report.summary = json!({ "off_over_on_pass1": gain(1), "off_over_on_pass2": gain(2) });
+    let answers = (scale == 1.0).then(|| check_answers(&report, &queries));
+    report.summary = json!({
+        "off_over_on_pass1": gain(1),
+        "off_over_on_pass2": gain(2),
+        "answers_differing_at_sf1": answers,
+    });
     print_results(&report, &queries);
     report.finish(c)
 }
@@ -135,14 +140,19 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
                 pb.set_message(format!("Q{q}"));
                 let t = Instant::now();
                 let mut stmt = conn.prepare(&queries::query(q, cfg.scale))?;
+                let columns = stmt.column_count();
                 let mut rows = stmt.query([])?;
                 let mut n = 0u64;
-                while rows.next()?.is_some() {
+                let mut first: Vec<String> = Vec::new();
+                while let Some(row) = rows.next()? {
+                    if n == 0 {
+                        first = (0..columns).map(|i| text(row.get_ref(i))).collect();
+                    }
                     n += 1;
                 }
                 per_query.insert(
                     format!("Q{q}"),
-                    json!({ "seconds": t.elapsed().as_secs_f64(), "rows": n }),
+                    json!({ "seconds": t.elapsed().as_secs_f64(), "rows": n, "first_row": first }),
                 );
                 ops.fetch_add(1, Relaxed);
                 pb.inc(1);
@@ -155,6 +165,59 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         out.push(r);
     }
     Ok(out)
+}
+
+fn text(v: rusqlite::Result<rusqlite::types::ValueRef>) -> String {
+    use rusqlite::types::ValueRef::*;
+    match v {
+        Ok(Integer(i)) => i.to_string(),
+        Ok(Real(f)) => format!("{f:.2}"),
+        Ok(Text(t)) => String::from_utf8_lossy(t).trim().to_string(),
+        Ok(Null) => "NULL".into(),
+        Ok(Blob(_)) | Err(_) => "?".into(),
+    }
+}
+
+/// At scale factor 1, compares each query's row count and first row with the answers the
+/// specification publishes (as bundled with tpchgen). Returns the queries that differ.
+fn check_answers(r: &BenchReport, queries: &[u32]) -> Vec<String> {
+    let Some(c) = r.configs.first() else {
+        return Vec::new();
+    };
+    let mut bad = Vec::new();
+    for &q in queries {
+        let Some(answer) = tpchgen::q_and_a::answers_sf1::answer(q as i32) else {
+            continue;
+        };
+        let lines: Vec<&str> = answer.lines().filter(|l| !l.trim().is_empty()).collect();
+        let expected_rows = lines.len().saturating_sub(1) as u64;
+        let got = &c.details["queries"][format!("Q{q}")];
+        let rows = got["rows"].as_u64().unwrap_or(0);
+        let first: Vec<String> = got["first_row"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|v| v.as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let expected_first: Vec<&str> = lines
+            .get(1)
+            .map(|l| l.split('|').map(str::trim).collect())
+            .unwrap_or_default();
+        let same = |a: &str, b: &str| match (a.parse::<f64>(), b.parse::<f64>()) {
+            (Ok(x), Ok(y)) => (x - y).abs() <= 0.011_f64.max(y.abs() * 1e-6),
+            _ => a == b,
+        };
+        let first_ok = expected_first.len() == first.len()
+            && first.iter().zip(&expected_first).all(|(a, b)| same(a, b));
+        if rows != expected_rows || !first_ok {
+            bad.push(format!(
+                "Q{q}: {rows} rows (expected {expected_rows}), first row {first:?} (expected {expected_first:?})"
+            ));
+        }
+    }
+    bad
 }
 
 fn print_results(r: &BenchReport, queries: &[u32]) {
@@ -195,6 +258,16 @@ fn print_results(r: &BenchReport, queries: &[u32]) {
     rows.push(served);
     let h: Vec<&str> = headers.iter().map(|s| s.as_str()).collect();
     print_table_left(&h, &rows, 1);
+    if let Some(bad) = r.summary["answers_differing_at_sf1"].as_array() {
+        if bad.is_empty() {
+            println!(
+                "answers: every query's row count and first row match the published SF 1 answers"
+            );
+        }
+        for b in bad {
+            println!("answer differs: {}", b.as_str().unwrap_or(""));
+        }
+    }
     for p in [1, 2] {
         if let Some(x) = r.summary[format!("off_over_on_pass{p}")].as_f64() {
             println!(
