@@ -1,0 +1,42 @@
+//! `sqlite-bpe`: SQLite with a buffer pool extension, after SQL Server's.
+
+use clap::{Parser, Subcommand};
+use sqlite_bpe_cli::{demo, shell};
+
+#[derive(Parser)]
+#[command(
+    name = "sqlite-bpe",
+    version,
+    about = "SQLite with a buffer pool extension (RAM pool + SSD extension), after SQL Server 2014's"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// An SQLite shell on DB through the bpe VFS. Also takes SQL Server's operator statements
+    /// (ALTER SERVER CONFIGURATION, sp_configure, RECONFIGURE, DBCC DROPCLEANBUFFERS), the
+    /// sys.dm_os_* DMV names, and GO [n]. Reads a script when stdin is not a terminal.
+    Shell {
+        /// The database file (or a file: URI).
+        db: String,
+    },
+    /// The lookup experiment in small: RAM-resident, limited memory, limited memory with the
+    /// extension, on an emulated slow disk. About a minute; no flags needed.
+    Demo(demo::DemoOptions),
+    /// The published SQL Server BPE experiments, rerun on sqlite-bpe.
+    Bench(bpe_bench::BenchArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Shell { db } => {
+            let code = shell::run(&db)?;
+            std::process::exit(code);
+        }
+        Command::Demo(options) => demo::run(&options),
+        Command::Bench(args) => bpe_bench::run(args),
+    }
+}

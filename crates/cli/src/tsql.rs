@@ -1,0 +1,371 @@
+//! The shell's reading of input: `GO [n]` lines, complete statements, the split of a batch into
+//! operator statements (for `bpe_exec`) and SQLite statements, and the DMV names.
+//!
+//! Nothing here touches SQLite, so all of it is tested as plain text.
+
+use bpe_core::statements;
+
+/// SQL Server's DMV names and the adapter's tables that answer them.
+const DMVS: [(&str, &str); 3] = [
+    ("sys.dm_os_performance_counters", "bpe_performance_counters"),
+    ("sys.dm_os_buffer_descriptors", "bpe_buffer_descriptors"),
+    (
+        "sys.dm_os_buffer_pool_extension_configuration",
+        "bpe_extension_configuration",
+    ),
+];
+
+/// An operator statement never spans more lines than this; the search for its end stops here.
+const MAX_OPERATOR_LINES: usize = 64;
+
+/// `GO` or `GO n` alone on a line (a trailing `--` comment allowed), as sqlcmd reads it.
+/// `Some(Err)` for a GO line with a bad count.
+pub fn go_count(line: &str) -> Option<Result<u64, String>> {
+    let code = line.split("--").next().unwrap_or("").trim();
+    let mut words = code.split_whitespace();
+    if !words.next()?.eq_ignore_ascii_case("go") {
+        return None;
+    }
+    let count = match (words.next(), words.next()) {
+        (None, _) => Ok(1),
+        (Some(n), None) => match n.parse::<u64>() {
+            Ok(0) => Err("GO count must be at least 1".to_string()),
+            Ok(n) => Ok(n),
+            Err(_) => Err(format!("GO count '{n}' is not a whole number")),
+        },
+        _ => Err(format!("a GO line takes at most one count: '{code}'")),
+    };
+    Some(count)
+}
+
+/// One part of a batch, ready to run.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Operator statements for `bpe_exec` (ALTER SERVER CONFIGURATION, sp_configure, ...).
+    Operator(String),
+    /// SQLite statements, DMV names already rewritten.
+    Sql(String),
+}
+
+/// A lexical piece of SQL text, enough to find statement ends and rewrite names safely.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Piece {
+    Word,
+    /// A string, quoted identifier or comment: never split or rewritten inside.
+    Opaque,
+    Semicolon,
+    Other,
+}
+
+/// (piece, start, end) byte ranges covering the text; an unterminated quote or comment runs to
+/// the end of the text.
+fn pieces(text: &str) -> Vec<(Piece, usize, usize)> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let start = i;
+        let find = |from: usize, pat: &str| text[from..].find(pat).map(|p| from + p);
+        let piece = match bytes[i] {
+            b'\'' | b'"' | b'`' | b'[' => {
+                let close = match bytes[i] {
+                    b'[' => b']',
+                    q => q,
+                };
+                i += 1;
+                // A doubled quote inside stands for one quote.
+                loop {
+                    match bytes.get(i) {
+                        None => break,
+                        Some(&c)
+                            if c == close && bytes.get(i + 1) == Some(&close) && close != b']' =>
+                        {
+                            i += 2
+                        }
+                        Some(&c) if c == close => {
+                            i += 1;
+                            break;
+                        }
+                        Some(_) => i += 1,
+                    }
+                }
+                Piece::Opaque
+            }
+            b'-' if bytes.get(i + 1) == Some(&b'-') => {
+                i = find(i, "\n").unwrap_or(bytes.len());
+                Piece::Opaque
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                i = find(i + 2, "*/").map_or(bytes.len(), |p| p + 2);
+                Piece::Opaque
+            }
+            b';' => {
+                i += 1;
+                Piece::Semicolon
+            }
+            c if c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80 => {
+                while i < bytes.len()
+                    && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_' || bytes[i] >= 0x80)
+                {
+                    i += 1;
+                }
+                Piece::Word
+            }
+            _ => {
+                i += 1;
+                Piece::Other
+            }
+        };
+        out.push((piece, start, i));
+    }
+    out
+}
+
+/// Splits `text` after each `;` that ends a statement (as sqlite3_complete sees it: inside
+/// CREATE TRIGGER, only `END;` does). Returns the complete statements (with their `;`) and the
+/// incomplete rest.
+pub fn split_statements(text: &str) -> (Vec<&str>, &str) {
+    let mut done = Vec::new();
+    let mut start = 0;
+    let mut words: Vec<&str> = Vec::new(); // the current statement's first words, and its last
+    let mut last_word = "";
+    for (piece, a, b) in pieces(text) {
+        match piece {
+            Piece::Word => {
+                if words.len() < 3 {
+                    words.push(&text[a..b]);
+                }
+                last_word = &text[a..b];
+            }
+            Piece::Semicolon => {
+                if !is_trigger(&words) || last_word.eq_ignore_ascii_case("end") {
+                    done.push(&text[start..b]);
+                    start = b;
+                    words.clear();
+                    last_word = "";
+                }
+            }
+            Piece::Opaque | Piece::Other => {}
+        }
+    }
+    (done, &text[start..])
+}
+
+fn is_trigger(first_words: &[&str]) -> bool {
+    let w = |i: usize| first_words.get(i).map(|s| s.to_ascii_lowercase());
+    w(0).as_deref() == Some("create")
+        && (w(1).as_deref() == Some("trigger")
+            || (matches!(w(1).as_deref(), Some("temp" | "temporary"))
+                && w(2).as_deref() == Some("trigger")))
+}
+
+/// True when `text` is one or more complete statements and nothing after them but blanks
+/// and comments: the shell runs it at once, as the sqlite3 shell does.
+pub fn is_complete(text: &str) -> bool {
+    let (done, rest) = split_statements(text);
+    !done.is_empty() && is_blank(rest)
+}
+
+/// Only whitespace, comments and empty statements (`;`).
+pub fn is_blank(text: &str) -> bool {
+    pieces(text).iter().all(|&(piece, a, b)| {
+        let s = &text[a..b];
+        match piece {
+            Piece::Semicolon => true,
+            Piece::Opaque => s.starts_with("--") || s.starts_with("/*"),
+            Piece::Word | Piece::Other => s.trim().is_empty(),
+        }
+    })
+}
+
+/// Does this line begin an operator statement (ALTER SERVER, EXEC, sp_configure, RECONFIGURE,
+/// DBCC)? `ALTER TABLE` and the like are SQLite's.
+fn starts_operator(line: &str) -> bool {
+    let words: Vec<String> = pieces(line)
+        .into_iter()
+        .filter(|p| p.0 == Piece::Word)
+        .take(2)
+        .map(|(_, a, b)| line[a..b].to_ascii_lowercase())
+        .collect();
+    let first = words.first().map(String::as_str).unwrap_or("");
+    match first {
+        "exec" | "execute" | "reconfigure" | "dbcc" | "sp_configure" => true,
+        "sys" | "master" => line.to_ascii_lowercase().contains("sp_configure"),
+        "alter" => words.get(1).is_some_and(|w| w == "server"),
+        _ => false,
+    }
+}
+
+/// Splits one batch into the parts to run, in order: operator statements go to `bpe_exec`,
+/// the rest to SQLite with the DMV names rewritten.
+///
+/// Operator statements need no `;` (as in T-SQL), so one is found as the longest run of lines,
+/// from a line that begins one, that the core's parser accepts. An operator line that no run
+/// makes valid is passed on as it is, so the parser's error names the problem.
+pub fn split_batch(text: &str) -> Vec<Part> {
+    let (mut segments, rest) = split_statements(text);
+    segments.push(rest);
+    let mut parts = Vec::new();
+    for segment in segments {
+        split_segment(segment, &mut parts);
+    }
+    parts
+}
+
+fn split_segment(segment: &str, parts: &mut Vec<Part>) {
+    let lines: Vec<&str> = segment.split_inclusive('\n').collect();
+    let mut sql = String::new();
+    let mut i = 0;
+    while i < lines.len() {
+        if starts_operator(lines[i]) {
+            if let Some(n) = operator_lines(&lines[i..]) {
+                flush_sql(&mut sql, parts);
+                parts.push(Part::Operator(lines[i..i + n].concat()));
+                i += n;
+                continue;
+            }
+            if is_blank(&sql) {
+                flush_sql(&mut sql, parts);
+                parts.push(Part::Operator(lines[i..].concat()));
+                return;
+            }
+        }
+        sql.push_str(lines[i]);
+        i += 1;
+    }
+    flush_sql(&mut sql, parts);
+}
+
+/// How many of `lines` (at most [`MAX_OPERATOR_LINES`]) form the longest valid run of
+/// operator statements.
+fn operator_lines(lines: &[&str]) -> Option<usize> {
+    let mut text = String::new();
+    let mut best = None;
+    for (n, line) in lines.iter().take(MAX_OPERATOR_LINES).enumerate() {
+        text.push_str(line);
+        if matches!(statements::parse(&text), Ok(s) if !s.is_empty()) {
+            best = Some(n + 1);
+        }
+    }
+    best
+}
+
+fn flush_sql(sql: &mut String, parts: &mut Vec<Part>) {
+    if !is_blank(sql) {
+        parts.push(Part::Sql(rewrite_dmv_names(sql)));
+    }
+    sql.clear();
+}
+
+/// Replaces SQL Server's DMV names (any case) with the adapter's tables, outside strings and
+/// comments.
+pub fn rewrite_dmv_names(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let all = pieces(sql);
+    let mut i = 0;
+    while i < all.len() {
+        let (piece, a, b) = all[i];
+        // `sys` `.` `dm_os_...` as three pieces.
+        if piece == Piece::Word && sql[a..b].eq_ignore_ascii_case("sys") && i + 2 < all.len() {
+            let (dot, name) = (all[i + 1], all[i + 2]);
+            if &sql[dot.1..dot.2] == "." && name.0 == Piece::Word {
+                let full = format!("sys.{}", &sql[name.1..name.2]).to_ascii_lowercase();
+                if let Some((_, table)) = DMVS.iter().find(|(dmv, _)| *dmv == full) {
+                    out.push_str(table);
+                    i += 3;
+                    continue;
+                }
+            }
+        }
+        out.push_str(&sql[a..b]);
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_lines() {
+        assert_eq!(go_count("GO"), Some(Ok(1)));
+        assert_eq!(go_count("  go 3  "), Some(Ok(3)));
+        assert_eq!(go_count("Go -- run it"), Some(Ok(1)));
+        assert!(go_count("GO 0")
+            .unwrap()
+            .unwrap_err()
+            .contains("at least 1"));
+        assert!(go_count("GO x").unwrap().unwrap_err().contains("'x'"));
+        assert!(go_count("GO 1 2").unwrap().is_err());
+        assert_eq!(go_count("GOTO"), None);
+        assert_eq!(go_count("SELECT 1 GO"), None);
+        assert_eq!(go_count(""), None);
+    }
+
+    #[test]
+    fn completeness_follows_sqlite() {
+        assert!(is_complete("SELECT 1;"));
+        assert!(is_complete("SELECT 1; -- done\n"));
+        assert!(!is_complete("SELECT 1"));
+        assert!(!is_complete("SELECT ';"));
+        assert!(!is_complete("SELECT 1; SELECT"));
+        assert!(!is_complete("/* ; */"));
+        let trigger = "CREATE TRIGGER t AFTER INSERT ON a BEGIN\n  INSERT INTO b VALUES (1);\n";
+        assert!(!is_complete(trigger));
+        assert!(is_complete(&format!("{trigger}END;")));
+        assert!(!is_complete(
+            "CREATE TEMP TRIGGER t AFTER INSERT ON a BEGIN SELECT 1;"
+        ));
+    }
+
+    #[test]
+    fn batches_split_into_operator_and_sqlite_parts() {
+        let batch = "EXEC sp_configure 'max server memory (MB)', 64\nRECONFIGURE\n\
+                     SELECT * FROM sys.dm_os_performance_counters\n";
+        assert_eq!(
+            split_batch(batch),
+            vec![
+                Part::Operator(
+                    "EXEC sp_configure 'max server memory (MB)', 64\nRECONFIGURE\n".into()
+                ),
+                Part::Sql("SELECT * FROM bpe_performance_counters\n".into()),
+            ]
+        );
+        let multi = "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON\n  (FILENAME = '/x/e.bpe',\n   SIZE = 1 GB)\nSELECT 1;\nDBCC DROPCLEANBUFFERS;";
+        assert_eq!(
+            split_batch(multi),
+            vec![
+                Part::Operator("ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON\n  (FILENAME = '/x/e.bpe',\n   SIZE = 1 GB)\n".into()),
+                Part::Sql("SELECT 1;".into()),
+                Part::Operator("DBCC DROPCLEANBUFFERS;".into()),
+            ]
+        );
+        // SQLite's ALTER stays SQLite's; an invalid operator statement goes to the parser whole.
+        assert_eq!(
+            split_batch("ALTER TABLE t ADD c;"),
+            vec![Part::Sql("ALTER TABLE t ADD c;".into())]
+        );
+        assert_eq!(
+            split_batch("DBCC DROPCLEANBUFFERS now\nSELECT 1"),
+            vec![Part::Operator("DBCC DROPCLEANBUFFERS now\nSELECT 1".into())]
+        );
+        assert_eq!(split_batch(" -- nothing\n;"), vec![]);
+    }
+
+    #[test]
+    fn dmv_names_are_rewritten_outside_strings() {
+        assert_eq!(
+            rewrite_dmv_names(
+                "SELECT * FROM SYS.DM_OS_BUFFER_DESCRIPTORS d, sys.dm_os_buffer_pool_extension_configuration"
+            ),
+            "SELECT * FROM bpe_buffer_descriptors d, bpe_extension_configuration"
+        );
+        let quoted = "SELECT 'sys.dm_os_performance_counters' -- sys.dm_os_performance_counters";
+        assert_eq!(rewrite_dmv_names(quoted), quoted);
+        assert_eq!(
+            rewrite_dmv_names("select * from sys.dm_os_wait_stats"),
+            "select * from sys.dm_os_wait_stats"
+        );
+    }
+}

@@ -1,0 +1,170 @@
+//! `sqlite-bpe shell` run as a script: T-SQL statements, DMV names, GO n, dot-commands, errors.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+/// A directory on the project's disk (the extension needs a file system with O_DIRECT).
+fn tempdir() -> tempfile::TempDir {
+    let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(base).unwrap();
+    tempfile::tempdir_in(base).unwrap()
+}
+
+struct Run {
+    stdout: String,
+    stderr: String,
+    code: Option<i32>,
+}
+
+fn shell(dir: &Path, script: &str) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sqlite-bpe"))
+        .arg("shell")
+        .arg(dir.join("test.db"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = child.wait_with_output().unwrap();
+    Run {
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        code: status.code(),
+    }
+}
+
+fn assert_has(haystack: &str, needle: &str, what: &str) {
+    assert!(
+        haystack.contains(needle),
+        "{what} lacks {needle:?}:\n{haystack}"
+    );
+}
+
+#[test]
+fn operator_statements_and_dmv_names_work() {
+    let dir = tempdir();
+    let ext = dir.path().join("test.bpe");
+    let script = format!(
+        "EXEC sp_configure 'max server memory (MB)', 32\n\
+         RECONFIGURE\n\
+         GO\n\
+         CREATE TABLE t(x);\n\
+         INSERT INTO t VALUES (1);\n\
+         ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON\n  (FILENAME = '{}', SIZE = 64 MB)\n\
+         GO\n\
+         SELECT * FROM sys.dm_os_buffer_pool_extension_configuration;\n\
+         SELECT counter_name FROM SYS.DM_OS_PERFORMANCE_COUNTERS WHERE counter_name = 'Extension allocated pages';\n\
+         SELECT count(*) > 0 AS has_pages FROM sys.dm_os_buffer_descriptors;\n\
+         EXEC sp_configure 'max server memory (MB)'\n\
+         GO\n\
+         DBCC DROPCLEANBUFFERS;\n",
+        ext.display()
+    );
+    let run = shell(dir.path(), &script);
+    assert_eq!(run.stderr, "", "unexpected errors");
+    assert_eq!(run.code, Some(0));
+    assert_has(&run.stdout, "changed from 128 to 32", "sp_configure output");
+    assert_has(&run.stdout, "ENABLED", "the extension configuration DMV");
+    assert_has(
+        &run.stdout,
+        &ext.display().to_string(),
+        "the extension configuration DMV",
+    );
+    assert_has(
+        &run.stdout,
+        "Extension allocated pages",
+        "the performance counters DMV",
+    );
+    assert_has(
+        &run.stdout,
+        "has_pages\n---------\n        1",
+        "the buffer descriptors DMV",
+    );
+    assert_has(
+        &run.stdout,
+        "max server memory (MB) = 32",
+        "sp_configure without a value",
+    );
+    assert_has(&run.stdout, "DROPCLEANBUFFERS", "DBCC output");
+}
+
+#[test]
+fn go_n_runs_the_batch_n_times() {
+    let dir = tempdir();
+    let run = shell(
+        dir.path(),
+        "CREATE TABLE t(x);\nGO\n\
+         INSERT INTO t VALUES (1);\nGO 3\n\
+         INSERT INTO t VALUES (2)\ngo 2\n\
+         SELECT count(*) AS n, sum(x) AS s FROM t;\n",
+    );
+    assert_eq!(run.stderr, "", "CREATE TABLE must not be replayed by GO 3");
+    assert_has(&run.stdout, "n  s\n-  -\n5  7\n", "the row count");
+}
+
+#[test]
+fn errors_name_the_problem_and_the_script_goes_on_then_fails() {
+    let dir = tempdir();
+    let run = shell(
+        dir.path(),
+        "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = 'relative.bpe', SIZE = 1 GB)\n\
+         GO\n\
+         EXEC sp_configure 'max server memory (MB)', 0;\n\
+         SELECT * FROM no_such_table;\n\
+         GO 0\n\
+         SELECT 42 AS after_errors;\n",
+    );
+    assert_has(&run.stderr, "line 1", "the first error");
+    assert_has(&run.stderr, "must be absolute", "the relative path error");
+    assert_has(&run.stderr, "Msg 15129", "the memory error");
+    assert_has(
+        &run.stderr,
+        "no such table: no_such_table",
+        "the SQLite error",
+    );
+    assert_has(&run.stderr, "GO count must be at least 1", "the GO error");
+    assert_has(
+        &run.stdout,
+        "after_errors\n------------\n          42",
+        "the statement after the errors",
+    );
+    assert_eq!(run.code, Some(1), "a script with errors must exit non-zero");
+}
+
+#[test]
+fn dot_commands() {
+    let dir = tempdir();
+    let run = shell(
+        dir.path(),
+        "CREATE TABLE alpha(x);\nCREATE VIEW beta AS SELECT 1;\n.tables\n.schema alpha\n.help\n.nonsense\n.quit\nSELECT 'after quit';\n",
+    );
+    assert_has(&run.stdout, "alpha\nbeta\n", ".tables");
+    assert_has(&run.stdout, "CREATE TABLE alpha(x);", ".schema");
+    assert_has(&run.stdout, "GO [n]", ".help");
+    assert_has(
+        &run.stderr,
+        "unknown command '.nonsense'",
+        "an unknown dot-command",
+    );
+    assert!(!run.stdout.contains("after quit"), ".quit did not stop");
+}
+
+#[test]
+fn a_clean_script_exits_zero_and_the_last_batch_runs_without_go() {
+    let dir = tempdir();
+    let run = shell(dir.path(), "SELECT 'a' AS x\nUNION ALL SELECT 'b'");
+    assert_eq!(run.stderr, "");
+    assert_eq!(run.code, Some(0));
+    assert_eq!(run.stdout, "x\n-\na\nb\n");
+}
