@@ -47,6 +47,8 @@ pub struct Config {
     pub readahead: bool,
     /// Emulated data-device latency (benchmarks); `None` for the real device.
     pub data_device: Option<DeviceEmulation>,
+    /// Refuse data files another process's engine has open (see `DataFile::claim_ownership`).
+    pub exclusive_owner: bool,
 }
 
 impl Default for Config {
@@ -56,6 +58,7 @@ impl Default for Config {
             direct_io: true,
             readahead: true,
             data_device: None,
+            exclusive_owner: true,
         }
     }
 }

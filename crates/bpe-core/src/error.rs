@@ -75,6 +75,9 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    #[error("{path:?} is cached by the buffer pool of another process; only one process may use the extension on a database at a time")]
+    OwnedByAnotherProcess { path: PathBuf },
+
     #[error("too many open data files (at most {0})")]
     TooManyFiles(usize),
 }

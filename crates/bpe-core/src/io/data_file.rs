@@ -12,8 +12,12 @@ use crate::config::DIRECT_IO_ALIGN;
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// The byte locked by [`DataFile::claim_ownership`]: 1 TiB, beyond SQLite's lock bytes (1 GiB).
+pub const OWNER_LOCK_BYTE: i64 = 1 << 40;
 
 pub struct DataFile {
     path: PathBuf,
@@ -102,6 +106,37 @@ impl DataFile {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Claims the file for this process's cache with an open-file-description lock on one byte
+    /// far past any lock byte SQLite uses (OFD locks coexist with the POSIX locks SQLite takes and
+    /// go away with the descriptor, never on close of some other descriptor). Fails with
+    /// WouldBlock if another process's cache holds it.
+    pub fn claim_ownership(&self) -> std::io::Result<()> {
+        let try_lock = |kind| {
+            // SAFETY: flock is plain data; zeroed is a valid value to fill in.
+            let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+            fl.l_type = kind as _;
+            fl.l_whence = libc::SEEK_SET as _;
+            fl.l_start = OWNER_LOCK_BYTE;
+            fl.l_len = 1;
+            // SAFETY: the descriptor is open for the life of self; fl is a valid flock.
+            let rc = unsafe { libc::fcntl(self.buffered.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        };
+        match try_lock(libc::F_WRLCK) {
+            // A read-only descriptor cannot take a write lock; a read lock still excludes writers.
+            Err(e) if e.raw_os_error() == Some(libc::EBADF) => try_lock(libc::F_RDLCK),
+            other => other,
+        }
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EACCES) => std::io::Error::new(std::io::ErrorKind::WouldBlock, e),
+            _ => e,
+        })
     }
 
     /// True when reads bypass the OS page cache.
