@@ -19,8 +19,10 @@ fn a_second_engine_is_refused_until_the_first_closes() {
         Ok(_) => panic!("two engines own one file"),
     }
     first.close_file(&a);
+    drop(a);
     assert!(second.open_file(&path, PAGE).is_err(), "released while an opener remains");
     first.close_file(&shared);
+    drop(shared); // the descriptors, and the claim, go with the last handle
     let b = second.open_file(&path, PAGE).unwrap();
     assert_eq!(decode(&read(&second, &b, 2).0), Some((2, 0)));
 }

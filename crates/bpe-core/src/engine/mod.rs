@@ -105,7 +105,8 @@ impl Engine {
     }
 
     /// Releases a handle; after the last one, the file's cached pages are forgotten (nothing
-    /// then watches the file for changes by other processes).
+    /// then watches the file for changes by other processes). The descriptors close when the
+    /// last `FileHandle` clone is dropped.
     pub fn close_file(&self, file: &FileHandle) {
         if self.files.lock().close(file) {
             self.forget_pages(file.id, 0);
