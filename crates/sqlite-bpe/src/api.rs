@@ -1,0 +1,180 @@
+//! The adapter's FFI edge: SQLite's API as reached through `shim.c`. Nothing else in the crate
+//! calls SQLite. The wrappers take care of C strings and SQLite-owned memory.
+
+use libsqlite3_sys::{
+    sqlite3, sqlite3_api_routines, sqlite3_context, sqlite3_module, sqlite3_value, sqlite3_vfs,
+};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+
+pub type ScalarFn = unsafe extern "C" fn(*mut sqlite3_context, c_int, *mut *mut sqlite3_value);
+
+extern "C" {
+    fn bpe_shim_set_api(api: *const sqlite3_api_routines);
+    fn bpe_shim_has_api() -> c_int;
+    fn bpe_vfs_find(name: *const c_char) -> *mut sqlite3_vfs;
+    fn bpe_vfs_register(vfs: *mut sqlite3_vfs, make_default: c_int) -> c_int;
+    fn bpe_auto_extension(entry: Option<unsafe extern "C" fn()>) -> c_int;
+    fn bpe_log(code: c_int, msg: *const c_char);
+    fn bpe_malloc(n: c_int) -> *mut c_void;
+    fn bpe_create_function(
+        db: *mut sqlite3,
+        name: *const c_char,
+        nargs: c_int,
+        app: *mut c_void,
+        f: Option<ScalarFn>,
+    ) -> c_int;
+    fn bpe_create_module(
+        db: *mut sqlite3,
+        name: *const c_char,
+        m: *const sqlite3_module,
+        aux: *mut c_void,
+    ) -> c_int;
+    fn bpe_declare_vtab(db: *mut sqlite3, sql: *const c_char) -> c_int;
+    fn bpe_result_text(c: *mut sqlite3_context, s: *const c_char, n: c_int);
+    fn bpe_result_int64(c: *mut sqlite3_context, v: i64);
+    fn bpe_result_null(c: *mut sqlite3_context);
+    fn bpe_result_error(c: *mut sqlite3_context, s: *const c_char, n: c_int);
+    fn bpe_value_text(v: *mut sqlite3_value) -> *const u8;
+    fn bpe_value_bytes(v: *mut sqlite3_value) -> c_int;
+}
+
+/// Points the shim at a SQLite's routines table.
+///
+/// # Safety
+/// `api` must be a routines table SQLite handed us (extension entry point or auto-extension) and
+/// stays valid for the life of the process.
+pub unsafe fn set_api(api: *const sqlite3_api_routines) {
+    // SAFETY: forwarded contract.
+    unsafe { bpe_shim_set_api(api) }
+}
+
+pub fn has_api() -> bool {
+    // SAFETY: reads a pointer the shim owns.
+    unsafe { bpe_shim_has_api() != 0 }
+}
+
+pub fn vfs_find(name: Option<&CStr>) -> *mut sqlite3_vfs {
+    // SAFETY: name is a valid C string or NULL (the default VFS).
+    unsafe { bpe_vfs_find(name.map_or(std::ptr::null(), CStr::as_ptr)) }
+}
+
+/// # Safety
+/// `vfs` must stay valid and unmoved for the life of the process.
+pub unsafe fn vfs_register(vfs: *mut sqlite3_vfs) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { bpe_vfs_register(vfs, 0) }
+}
+
+pub fn auto_extension(
+    entry: unsafe extern "C" fn(
+        *mut sqlite3,
+        *mut *mut c_char,
+        *const sqlite3_api_routines,
+    ) -> c_int,
+) -> c_int {
+    // SAFETY: SQLite calls the entry point with exactly this signature; its prototype in the C API
+    // is declared as void(*)(void) for historical reasons, hence the cast.
+    unsafe {
+        let f: unsafe extern "C" fn() = std::mem::transmute(entry as *const ());
+        bpe_auto_extension(Some(f))
+    }
+}
+
+pub fn log(code: c_int, msg: &str) {
+    let msg = cstring(msg);
+    // SAFETY: msg is a valid C string for the call.
+    unsafe { bpe_log(code, msg.as_ptr()) }
+}
+
+/// A copy of `s` in memory from sqlite3_malloc, for out-parameters SQLite will sqlite3_free.
+pub fn sqlite_string(s: &str) -> *mut c_char {
+    let bytes = s.as_bytes();
+    // SAFETY: we write len+1 bytes into a block of that size (or return NULL on OOM).
+    unsafe {
+        let p = bpe_malloc(bytes.len() as c_int + 1) as *mut u8;
+        if !p.is_null() {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len());
+            *p.add(bytes.len()) = 0;
+        }
+        p as *mut c_char
+    }
+}
+
+/// A C string of `s`, with any interior NUL cut off there.
+pub fn cstring(s: &str) -> CString {
+    let end = s.find('\0').unwrap_or(s.len());
+    CString::new(&s[..end]).expect("no interior NUL")
+}
+
+/// # Safety
+/// `db` must be an open connection; `app` must outlive it.
+pub unsafe fn create_function(
+    db: *mut sqlite3,
+    name: &CStr,
+    nargs: c_int,
+    app: *mut c_void,
+    f: ScalarFn,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { bpe_create_function(db, name.as_ptr(), nargs, app, Some(f)) }
+}
+
+/// # Safety
+/// `db` must be an open connection; `module` and `aux` must be 'static.
+pub unsafe fn create_module(
+    db: *mut sqlite3,
+    name: &CStr,
+    module: &'static sqlite3_module,
+    aux: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { bpe_create_module(db, name.as_ptr(), module, aux) }
+}
+
+/// # Safety
+/// Only from within xConnect of a virtual table on `db`.
+pub unsafe fn declare_vtab(db: *mut sqlite3, sql: &CStr) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { bpe_declare_vtab(db, sql.as_ptr()) }
+}
+
+/// A function or virtual-table column result. `ctx` must be the context SQLite passed in.
+pub struct Context(pub *mut sqlite3_context);
+
+impl Context {
+    pub fn text(&self, s: &str) {
+        // SAFETY: ctx is live for this callback; SQLite copies the bytes (SQLITE_TRANSIENT).
+        unsafe { bpe_result_text(self.0, s.as_ptr() as *const c_char, s.len() as c_int) }
+    }
+    pub fn int(&self, v: i64) {
+        // SAFETY: ctx is live for this callback.
+        unsafe { bpe_result_int64(self.0, v) }
+    }
+    pub fn null(&self) {
+        // SAFETY: ctx is live for this callback.
+        unsafe { bpe_result_null(self.0) }
+    }
+    pub fn error(&self, msg: &str) {
+        // SAFETY: ctx is live for this callback; SQLite copies the message.
+        unsafe { bpe_result_error(self.0, msg.as_ptr() as *const c_char, msg.len() as c_int) }
+    }
+}
+
+/// The text of an argument value (None for NULL or invalid UTF-8).
+///
+/// # Safety
+/// `v` must be an argument SQLite passed to the current callback.
+pub unsafe fn value_text(v: *mut sqlite3_value) -> Option<String> {
+    // SAFETY: forwarded contract; the text pointer is valid for value_bytes bytes until the
+    // callback returns, and we copy it at once.
+    unsafe {
+        let p = bpe_value_text(v);
+        if p.is_null() {
+            return None;
+        }
+        let n = bpe_value_bytes(v) as usize;
+        std::str::from_utf8(std::slice::from_raw_parts(p, n))
+            .ok()
+            .map(str::to_owned)
+    }
+}

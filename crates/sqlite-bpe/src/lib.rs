@@ -1,0 +1,147 @@
+//! sqlite-bpe's SQLite adapter: the `bpe` VFS over the core's buffer pool and extension, SQL
+//! Server's operator surface (`bpe_exec`, `bpe_performance_counters`, `bpe_buffer_descriptors`,
+//! `bpe_extension_configuration`, PRAGMAs), and the loadable-extension entry point.
+//!
+//! Every SQLite call goes through `api` (the C shim), so the same code serves a host that loads
+//! the extension (its own SQLite) and Rust programs that call [`register`] (the bundled SQLite).
+
+mod api;
+mod env_config;
+mod functions;
+mod page_decode;
+mod pragmas;
+mod vfs;
+mod vtab;
+
+pub use env_config::EnvConfig;
+
+use bpe_core::Engine;
+use libsqlite3_sys::{sqlite3, sqlite3_api_routines, SQLITE_ERROR, SQLITE_OK};
+use std::ffi::{c_char, c_int};
+use std::sync::{Arc, OnceLock};
+
+/// The name of the VFS: open databases with `file:app.db?vfs=bpe`.
+pub const VFS_NAME: &str = "bpe";
+
+/// SQLite's code for "loaded, never unload me" (the VFS must outlive every connection).
+const SQLITE_OK_LOAD_PERMANENTLY: c_int = 256;
+
+/// The process-wide engine, created from the environment on first use.
+pub fn engine() -> &'static Arc<Engine> {
+    Engine::global_with(|| ENV.get().map(|e| e.config.clone()).unwrap_or_default())
+}
+
+static ENV: OnceLock<EnvConfig> = OnceLock::new();
+static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
+
+/// Creates the engine and registers the VFS and the auto-extension, once per process.
+fn install_process_wide() -> Result<(), String> {
+    INSTALLED
+        .get_or_init(|| {
+            let env = EnvConfig::from_env()?;
+            let extension = env.extension.clone();
+            let _ = ENV.set(env);
+            let engine = engine();
+            if let Some((path, size)) = extension {
+                if engine.extension_status().path.is_none() {
+                    engine
+                        .enable_extension(&path, size)
+                        .map_err(|e| format!("BPE_EXTENSION_FILE: {e}"))?;
+                }
+            }
+            vfs::register()?;
+            if api::auto_extension(connection_init) != SQLITE_OK {
+                return Err("cannot register the bpe auto-extension".into());
+            }
+            Ok(())
+        })
+        .clone()
+}
+
+/// Registers the functions and virtual tables on one connection.
+fn install_on(db: *mut sqlite3) -> Result<(), String> {
+    functions::register(db)?;
+    vtab::register(db)
+}
+
+/// Called by SQLite for every connection opened after the extension was loaded.
+unsafe extern "C" fn connection_init(
+    db: *mut sqlite3,
+    _err: *mut *mut c_char,
+    _api: *const sqlite3_api_routines,
+) -> c_int {
+    match install_on(db) {
+        Ok(()) => SQLITE_OK,
+        Err(_) => SQLITE_ERROR,
+    }
+}
+
+/// The loadable-extension entry point, found by SQLite from the library's file name
+/// (`.load target/release/libsqlite_bpe`).
+///
+/// # Safety
+/// Called by SQLite with a live connection, an error out-pointer and its routines table.
+#[no_mangle]
+pub unsafe extern "C" fn sqlite3_sqlitebpe_init(
+    db: *mut sqlite3,
+    err: *mut *mut c_char,
+    api: *const sqlite3_api_routines,
+) -> c_int {
+    // SAFETY: api is the host's routines table, valid for the life of the process.
+    unsafe { api::set_api(api) };
+    match install_process_wide().and_then(|_| install_on(db)) {
+        Ok(()) => SQLITE_OK_LOAD_PERMANENTLY,
+        Err(msg) => {
+            if !err.is_null() {
+                // SAFETY: SQLite hands us a valid out-pointer and frees what we put there.
+                unsafe { *err = api::sqlite_string(&msg) };
+            }
+            SQLITE_ERROR
+        }
+    }
+}
+
+/// Registers the `bpe` VFS, `bpe_exec` and the virtual tables with the SQLite linked into this
+/// program (rusqlite's), for every connection opened afterwards. Idempotent.
+pub fn register() -> Result<(), String> {
+    if !api::has_api() {
+        let routines = linked::routines().ok_or("cannot reach the linked SQLite's routines")?;
+        // SAFETY: the routines table of the statically linked SQLite lives as long as the program.
+        unsafe { api::set_api(routines) };
+    }
+    install_process_wide()
+}
+
+/// Getting the linked SQLite's routines table: SQLite passes it to every auto-extension, so we
+/// register one, open an in-memory database to have it called, and remove it again.
+mod linked {
+    use libsqlite3_sys as ffi;
+    use std::ffi::{c_char, c_int};
+    use std::sync::atomic::{AtomicPtr, Ordering};
+
+    static CAPTURED: AtomicPtr<ffi::sqlite3_api_routines> = AtomicPtr::new(std::ptr::null_mut());
+
+    unsafe extern "C" fn capture(
+        _db: *mut ffi::sqlite3,
+        _err: *mut *mut c_char,
+        api: *const ffi::sqlite3_api_routines,
+    ) -> c_int {
+        CAPTURED.store(api as *mut _, Ordering::Release);
+        ffi::SQLITE_OK
+    }
+
+    pub fn routines() -> Option<*const ffi::sqlite3_api_routines> {
+        // SAFETY: the linked library's own functions, called as documented; the connection is
+        // closed again and the auto-extension removed.
+        unsafe {
+            ffi::sqlite3_auto_extension(Some(capture));
+            let mut db = std::ptr::null_mut();
+            ffi::sqlite3_open(c":memory:".as_ptr(), &mut db);
+            ffi::sqlite3_close(db);
+            ffi::sqlite3_cancel_auto_extension(Some(capture));
+        }
+        let p = CAPTURED.load(Ordering::Acquire);
+        (!p.is_null()).then_some(p as *const _)
+    }
+}
+pub use vfs::last_open_error;

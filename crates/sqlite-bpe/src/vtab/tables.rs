@@ -1,0 +1,92 @@
+//! The three tables: sys.dm_os_performance_counters, sys.dm_os_buffer_descriptors and
+//! sys.dm_os_buffer_pool_extension_configuration, under bpe_ names.
+
+use super::{TableDef, Value};
+use crate::page_decode;
+use bpe_core::Tier;
+
+pub static ALL: &[&TableDef] = &[&COUNTERS, &DESCRIPTORS, &CONFIGURATION];
+
+pub const OBJECT_NAME: &str = "SQLServer:Buffer Manager";
+
+static COUNTERS: TableDef = TableDef {
+    name: c"bpe_performance_counters",
+    schema: c"CREATE TABLE x(object_name TEXT, counter_name TEXT, instance_name TEXT, cntr_value INTEGER, cntr_type INTEGER)",
+    rows: counter_rows,
+};
+
+fn counter_rows() -> Vec<Vec<Value>> {
+    crate::engine()
+        .counters()
+        .rows()
+        .into_iter()
+        .map(|r| {
+            vec![
+                Value::Text(OBJECT_NAME.into()),
+                Value::Text(r.name.into()),
+                Value::Text(String::new()),
+                Value::Int(r.value),
+                Value::Int(r.kind.cntr_type()),
+            ]
+        })
+        .collect()
+}
+
+static DESCRIPTORS: TableDef = TableDef {
+    name: c"bpe_buffer_descriptors",
+    schema: c"CREATE TABLE x(database_id INTEGER, file_id INTEGER, page_id INTEGER, page_level INTEGER, page_type TEXT, row_count INTEGER, free_space_in_bytes INTEGER, is_modified INTEGER, numa_node INTEGER, read_microsec INTEGER, is_in_bpool_extension INTEGER)",
+    rows: descriptor_rows,
+};
+
+fn opt(v: Option<i64>) -> Value {
+    v.map_or(Value::Null, Value::Int)
+}
+
+fn descriptor_rows() -> Vec<Vec<Value>> {
+    crate::engine()
+        .descriptors()
+        .into_iter()
+        .map(|d| {
+            let page_id = d.page as i64 + 1;
+            // Extension copies have no bytes in RAM: their decoded columns stay NULL.
+            let info = d
+                .frame
+                .as_ref()
+                .map(|f| page_decode::decode(page_id as u64, &f.data));
+            vec![
+                Value::Int(d.file as i64),
+                Value::Int(1),
+                Value::Int(page_id),
+                opt(info.as_ref().and_then(|i| i.level)),
+                info.as_ref()
+                    .map_or(Value::Null, |i| Value::Text(i.page_type.into())),
+                opt(info.as_ref().and_then(|i| i.row_count)),
+                opt(info.as_ref().and_then(|i| i.free_space)),
+                // Clean pages only: nothing cached is ever modified.
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(d.read_micros as i64),
+                Value::Int((d.tier == Tier::Extension) as i64),
+            ]
+        })
+        .collect()
+}
+
+static CONFIGURATION: TableDef = TableDef {
+    name: c"bpe_extension_configuration",
+    schema: c"CREATE TABLE x(path TEXT, file_id INTEGER, state INTEGER, state_description TEXT, current_size_in_kb INTEGER, last_failure TEXT HIDDEN)",
+    rows: configuration_rows,
+};
+
+fn configuration_rows() -> Vec<Vec<Value>> {
+    let s = crate::engine().extension_status();
+    vec![vec![
+        s.path
+            .map_or(Value::Null, |p| Value::Text(p.display().to_string())),
+        Value::Int(0),
+        Value::Int(s.state as i64),
+        Value::Text(s.state.description().into()),
+        Value::Int((s.size_bytes / 1024) as i64),
+        s.last_failure.map_or(Value::Null, Value::Text),
+    ]]
+}
