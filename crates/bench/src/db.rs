@@ -14,21 +14,23 @@ use std::time::Duration;
 /// SQLite's page cache per connection, KiB (negative cache_size): 64 pages of 4 KiB.
 pub const PAGER_CACHE_KIB: i64 = 256;
 
-/// The VFS the benchmarks run on, or None for SQLite's default (data loading).
-pub fn vfs() -> Option<&'static str> {
-    None
+/// The VFS the benchmarks run on.
+pub const VFS: &str = sqlite_bpe::VFS_NAME;
+
+/// Registers the adapter (once per process). Its engine is created now, from the environment
+/// the parent gave this process.
+fn register() -> anyhow::Result<()> {
+    sqlite_bpe::register().map_err(|e| anyhow::anyhow!("cannot register the bpe VFS: {e}"))
 }
 
 /// Opens `path` for a benchmark run, through the bpe VFS.
 pub fn open(path: &Path) -> anyhow::Result<Connection> {
+    register()?;
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
         | OpenFlags::SQLITE_OPEN_URI;
-    let conn = match vfs() {
-        Some(v) => Connection::open_with_flags_and_vfs(path, flags, v)?,
-        None => Connection::open_with_flags(path, flags)?,
-    };
+    let conn = Connection::open_with_flags_and_vfs(path, flags, VFS)?;
     configure(&conn)?;
     Ok(conn)
 }
@@ -52,9 +54,6 @@ fn configure(conn: &Connection) -> anyhow::Result<()> {
 
 /// Runs an operator statement in SQL Server syntax through the adapter's `bpe_exec`.
 pub fn bpe_exec(conn: &Connection, stmt: &str) -> anyhow::Result<()> {
-    if vfs().is_none() {
-        return Ok(());
-    }
     let mut q = conn.prepare("SELECT bpe_exec(?1)")?;
     let mut rows = q.query([stmt])?;
     while rows.next()?.is_some() {}
@@ -128,7 +127,7 @@ pub struct Counters {
     pub memory_bytes: u64,
     pub max_memory: u64,
     pub buffered_data_files: u64,
-    /// False when the run did not go through the bpe VFS (all counters are then zero).
+    /// False when no engine was there to count (all counters are then zero).
     pub engine: bool,
 }
 

@@ -28,7 +28,7 @@ pub struct ConfigResult {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BenchReport {
     pub benchmark: String,
-    /// `bpe` when the runs went through the bpe VFS, `unix` without the adapter.
+    /// The VFS the timed runs went through (`bpe`).
     pub vfs: String,
     pub machine: Value,
     pub storage: Storage,
@@ -42,7 +42,7 @@ impl BenchReport {
     pub fn new(benchmark: &str, storage: Storage, reference: Option<Reference>) -> Self {
         BenchReport {
             benchmark: benchmark.into(),
-            vfs: crate::db::vfs().unwrap_or("unix").into(),
+            vfs: crate::db::VFS.into(),
             machine: machine(),
             storage,
             reference,

@@ -68,17 +68,19 @@ fn lookup_runs_all_five_configurations() {
         assert!(s > 0.0 && s < 60.0, "{c}");
         let counters = &c["counters"];
         assert!(counters["hit_ratio_percent"].as_f64().unwrap() <= 100.0);
-        if counters["engine"].as_bool().unwrap() {
-            // Every lookup reads at least one page through the engine.
-            assert!(counters["page_lookups"].as_u64().unwrap() >= 300, "{c}");
-        }
+        // Pages reached the engine (SQLite's own small cache answers some repeats).
+        assert!(counters["engine"].as_bool().unwrap(), "{c}");
+        assert!(counters["page_lookups"].as_u64().unwrap() > 100, "{c}");
     }
     let bpe = &v["configs"][3]["counters"];
-    if bpe["engine"].as_bool().unwrap() {
-        assert!(
-            bpe["ext_page_reads"].as_u64().unwrap() > 0,
-            "the warmed extension served no page: {bpe}"
-        );
-    }
+    assert!(
+        bpe["ext_page_reads"].as_u64().unwrap() > 0,
+        "the warmed extension served no page: {bpe}"
+    );
+    let cold = &v["configs"][1]["counters"];
+    assert!(
+        cold["page_reads"].as_u64().unwrap() > 0,
+        "a cold run read nothing from the data file: {cold}"
+    );
     assert!(v["summary"]["limited_memory_over_bpe"].as_f64().is_some());
 }

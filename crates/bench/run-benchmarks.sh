@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs the benchmarks at the scales docs/BENCHMARKS.md reports, writing JSON to $OUT and plots to
+# docs/img. Takes about an hour on a 2-core machine. Usage:
+#   crates/bench/run-benchmarks.sh [lookup|scan|oltp|dw|slowvol ...]   (default: all but slowvol)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-bench-results}
+WORK=${WORK:-$PWD/bpe-bench-work}
+# shared/ sits beside the repository.
+SLOWVOL=${SLOWVOL:-$PWD/../shared/tools/slow-volume.sh}
+mkdir -p "$OUT" docs/img
+cargo build --release -p sqlite-bpe-bench --bin bpe-bench
+BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/bpe-bench}
+# A copy, so that rebuilding while this runs does not change what runs.
+cp "$BIN" "$OUT/bpe-bench"
+B=("$OUT/bpe-bench")
+run() { local name=$1; shift; "${B[@]}" "$@" --ext-dir "$WORK" --json "$OUT/$name.json" --plot "docs/img/$name.png" | tee "$OUT/$name.txt"; }
+
+for what in "${@:-lookup scan oltp dw}"; do
+  for w in $what; do
+    case $w in
+      lookup) run lookup-hdd lookup --data-device emulated:hdd ;;
+      scan) run scan-hdd scan --data-device emulated:hdd ;;
+      oltp) run oltp-gp3 oltp --data-device emulated:gp3 --warehouses "${WAREHOUSES:-10}" --seconds "${SECONDS_PER_CONFIG:-120}" ;;
+      dw) run dw-san dw --data-device emulated:san --scale "${SCALE:-1}" ;;
+      slowvol)
+        # The kernel-throttled slow volume (150 read IOPS) instead of the emulation.
+        vol=$("$SLOWVOL" up bench 8 150)
+        B=("$SLOWVOL" run bench -- "$OUT/bpe-bench")
+        run lookup-slowvol lookup --data-dir "$vol"
+        run scan-slowvol scan --data-dir "$vol"
+        B=("$OUT/bpe-bench")
+        "$SLOWVOL" down bench ;;
+      *) echo "unknown benchmark $w" >&2; exit 2 ;;
+    esac
+  done
+done
