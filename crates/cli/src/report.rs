@@ -65,8 +65,10 @@ fn width(s: &str) -> usize {
     s.chars().count()
 }
 
+/// Numbers, and the placeholders that stand in a column of numbers.
 fn looks_numeric(cell: &str) -> bool {
     cell == "NULL"
+        || cell == "-"
         || (!cell.is_empty()
             && cell
                 .trim_end_matches(['x', '%'])
