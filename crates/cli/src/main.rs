@@ -16,15 +16,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// An SQLite shell on DB through the bpe VFS. Also takes SQL Server's operator statements
-    /// (ALTER SERVER CONFIGURATION, sp_configure, RECONFIGURE, DBCC DROPCLEANBUFFERS), the
-    /// sys.dm_os_* DMV names, and GO [n]. Reads a script when stdin is not a terminal.
+    /// An SQLite shell on DB through the bpe VFS, taking SQL Server's statements too.
+    ///
+    /// Also takes SQL Server's operator statements (ALTER SERVER CONFIGURATION, sp_configure,
+    /// RECONFIGURE, DBCC DROPCLEANBUFFERS), the sys.dm_os_* DMV names, and GO [n] on its own
+    /// line. Interactive on a terminal; otherwise reads a script from stdin and exits with 1 if
+    /// any statement failed.
     Shell {
         /// The database file (or a file: URI).
         db: String,
     },
-    /// The lookup experiment in small: RAM-resident, limited memory, limited memory with the
-    /// extension, on an emulated slow disk. About a minute; no flags needed.
+    /// The lookup experiment in small, on an emulated slow disk (about a minute).
+    ///
+    /// Three configurations: RAM-resident, limited memory, limited memory with the extension.
+    /// No flags needed.
     Demo(demo::DemoOptions),
     /// The published SQL Server BPE experiments, rerun on sqlite-bpe.
     Bench(bpe_bench::BenchArgs),
