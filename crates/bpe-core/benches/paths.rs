@@ -25,7 +25,9 @@ fn rig() -> Rig {
     std::fs::create_dir_all(&base).unwrap();
     let dir = tempfile::tempdir_in(base).unwrap();
     let data = dir.path().join("data");
-    let bytes: Vec<u8> = (0..PAGES as usize * PAGE).map(|i| (i / PAGE) as u8).collect();
+    let bytes: Vec<u8> = (0..PAGES as usize * PAGE)
+        .map(|i| (i / PAGE) as u8)
+        .collect();
     std::fs::write(&data, bytes).unwrap();
     Rig { _dir: dir, data }
 }
@@ -50,7 +52,8 @@ fn read(engine: &Engine, f: &FileHandle, page: u64, buf: &mut [u8]) {
 fn paths(c: &mut Criterion) {
     let rig = rig();
     let mut g = c.benchmark_group("read_4k");
-    g.measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
 
     // Physical reference: what the device gives an O_DIRECT 4 KiB random read at queue depth 1.
     let raw = std::fs::OpenOptions::new()
@@ -63,7 +66,8 @@ fn paths(c: &mut Criterion) {
     g.bench_function("raw_pread_o_direct", |b| {
         b.iter(|| {
             i += 1;
-            raw.read_exact_at(&mut aligned[..PAGE], page_at(i) * PAGE as u64).unwrap();
+            raw.read_exact_at(&mut aligned[..PAGE], page_at(i) * PAGE as u64)
+                .unwrap();
         })
     });
 
@@ -116,7 +120,8 @@ fn paths(c: &mut Criterion) {
 
     // The hit path with 1 and 2 threads: a global lock would halve per-thread throughput.
     let mut g = c.benchmark_group("l1_hit_threads");
-    g.measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
     for threads in [1usize, 2] {
         g.bench_function(format!("{threads}_threads"), |b| {
             b.iter_custom(|iters| {

@@ -282,7 +282,11 @@ impl CounterSnapshot {
             ),
             r("Memory used bytes", self.memory_bytes, Gauge),
             r("Max server memory bytes", self.max_memory, Gauge),
-            r("Data files without O_DIRECT", self.buffered_data_files, Gauge),
+            r(
+                "Data files without O_DIRECT",
+                self.buffered_data_files,
+                Gauge,
+            ),
         ]
     }
 }

@@ -76,20 +76,22 @@ impl FileRegistry {
             return Ok(handle.clone());
         }
         let id = self.allocate_id()?;
-        let opened = DataFile::open(path, config.direct_io, emulator, faults).and_then(|(data, identity)| {
-            if config.exclusive_owner {
-                data.claim_ownership().map_err(|e| match e.kind() {
-                    std::io::ErrorKind::WouldBlock => Error::OwnedByAnotherProcess {
-                        path: path.to_path_buf(),
-                    },
-                    _ => Error::OpenData {
-                        path: path.to_path_buf(),
-                        source: e,
-                    },
-                })?;
-            }
-            Ok((data, identity))
-        });
+        let opened = DataFile::open(path, config.direct_io, emulator, faults).and_then(
+            |(data, identity)| {
+                if config.exclusive_owner {
+                    data.claim_ownership().map_err(|e| match e.kind() {
+                        std::io::ErrorKind::WouldBlock => Error::OwnedByAnotherProcess {
+                            path: path.to_path_buf(),
+                        },
+                        _ => Error::OpenData {
+                            path: path.to_path_buf(),
+                            source: e,
+                        },
+                    })?;
+                }
+                Ok((data, identity))
+            },
+        );
         let (data, identity) = match opened {
             Ok(x) => x,
             Err(e) => {

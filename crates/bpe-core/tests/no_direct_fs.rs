@@ -11,7 +11,8 @@ struct Ramfs(PathBuf);
 
 impl Ramfs {
     fn mount() -> Option<Ramfs> {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("ramfs-{}", std::process::id()));
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("ramfs-{}", std::process::id()));
         std::fs::create_dir_all(&dir).ok()?;
         let ok = Command::new("mount")
             .args(["-t", "ramfs", "none"])
@@ -48,7 +49,10 @@ fn data_files_fall_back_visibly_and_the_extension_is_refused() {
     assert_eq!(decode(&read(&engine, &f, 3).0), Some((3, 1)));
 
     let ext = fs.0.join("ext.bpe");
-    let err = engine.enable_extension(&ext, 8 << 20).unwrap_err().to_string();
+    let err = engine
+        .enable_extension(&ext, 8 << 20)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("O_DIRECT"), "{err}");
     assert!(!ext.exists(), "a refused extension left its file");
     engine.close_file(&f);

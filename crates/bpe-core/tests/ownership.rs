@@ -14,13 +14,18 @@ fn a_second_engine_is_refused_until_the_first_closes() {
     let a = first.open_file(&path, PAGE).unwrap();
     let shared = first.open_file(&path, PAGE).unwrap();
     match second.open_file(&path, PAGE) {
-        Err(e @ Error::OwnedByAnotherProcess { .. }) => assert!(e.to_string().contains("another process")),
+        Err(e @ Error::OwnedByAnotherProcess { .. }) => {
+            assert!(e.to_string().contains("another process"))
+        }
         Err(e) => panic!("wrong error: {e}"),
         Ok(_) => panic!("two engines own one file"),
     }
     first.close_file(&a);
     drop(a);
-    assert!(second.open_file(&path, PAGE).is_err(), "released while an opener remains");
+    assert!(
+        second.open_file(&path, PAGE).is_err(),
+        "released while an opener remains"
+    );
     first.close_file(&shared);
     drop(shared); // the descriptors, and the claim, go with the last handle
     let b = second.open_file(&path, PAGE).unwrap();

@@ -87,6 +87,13 @@ impl Engine {
     /// Checks an extension request against the rules without changing anything; returns the
     /// slot size it would use.
     pub fn validate_extension(&self, path: &Path, size: u64) -> Result<usize> {
+        let slot_size = self.validate_extension_size(size)?;
+        crate::io::extension_file::validate_path(path)?;
+        Ok(slot_size)
+    }
+
+    /// The size rules alone (error 868, minimum slots, index budget).
+    fn validate_extension_size(&self, size: u64) -> Result<usize> {
         let max_memory = self.max_memory();
         if size <= max_memory {
             return Err(Error::ExtensionNotLargerThanMemory { size, max_memory });
@@ -109,7 +116,6 @@ impl Engine {
                 budget,
             });
         }
-        crate::io::extension_file::validate_path(path)?;
         Ok(slot_size)
     }
 
@@ -185,11 +191,9 @@ impl Engine {
         };
         let path = ext.path().to_path_buf();
         drop(ext);
-        // Validate the new size before touching the old extension (its path exists now).
-        let max_memory = self.max_memory();
-        if size <= max_memory {
-            return Err(Error::ExtensionNotLargerThanMemory { size, max_memory });
-        }
+        // Validate the new size before touching the old extension (its path exists now, so the
+        // path rules are checked again by enable_locked once the old file is gone).
+        self.validate_extension_size(size)?;
         self.disable_locked();
         self.enable_locked(&path, size)
     }

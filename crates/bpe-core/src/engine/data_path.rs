@@ -211,8 +211,14 @@ impl Engine {
         Ok(())
     }
 
-    /// Makes previous writes durable.
+    /// Makes previous writes durable (and drops them from the OS page cache).
     pub fn sync(&self, file: &FileHandle) -> Result<()> {
         file.data.sync()
+    }
+
+    /// Drops the file's clean pages from the OS page cache: for callers that made the writes
+    /// durable themselves (SQLite's xSync on its own descriptor of the same file).
+    pub fn release_os_cache(&self, file: &FileHandle) {
+        file.data.release_os_cache();
     }
 }

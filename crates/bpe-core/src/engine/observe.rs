@@ -29,7 +29,8 @@ impl Engine {
         let files = self.files();
         let page_size = files
             .first()
-            .map_or(crate::config::DEFAULT_SLOT_SIZE, |f| f.page_size) as u64;
+            .map_or(crate::config::DEFAULT_SLOT_SIZE, |f| f.page_size)
+            as u64;
         let max_memory = self.max_memory();
         let index = ext.as_ref().map_or(0, |e| e.index_bytes());
         let target_bytes = self.pool.target_bytes();

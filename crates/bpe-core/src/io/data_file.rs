@@ -1,9 +1,8 @@
 //! A database file read with O_DIRECT, so the OS page cache does not stand in for our tiers.
 //!
-//! Two descriptors per file: one with O_DIRECT for block-aligned I/O, one buffered for the
-//! rare sub-block write (a 512-byte page at the end of the file cannot be written with O_DIRECT
-//! without extending the file to a whole block). Linux keeps the two coherent: a direct read
-//! first writes back and a direct write invalidates any cached range.
+//! Two descriptors per file: one with O_DIRECT for reads, one buffered for writes (which SQLite
+//! makes durable at commit with a sync, exactly as without us). Linux keeps the two coherent: a
+//! direct read first writes back any dirty cached range.
 
 use super::aligned::{round_down, round_up, AlignedBuf};
 use super::emulation::Emulator;
@@ -134,7 +133,9 @@ impl DataFile {
             other => other,
         }
         .map_err(|e| match e.raw_os_error() {
-            Some(libc::EAGAIN) | Some(libc::EACCES) => std::io::Error::new(std::io::ErrorKind::WouldBlock, e),
+            Some(libc::EAGAIN) | Some(libc::EACCES) => {
+                std::io::Error::new(std::io::ErrorKind::WouldBlock, e)
+            }
             _ => e,
         })
     }
@@ -186,20 +187,26 @@ impl DataFile {
         Ok(n)
     }
 
-    /// Writes `data` at `offset` and returns once the kernel has it (O_DIRECT: the device has it).
+    /// Writes `data` at `offset` through the OS page cache, as SQLite's own writes go: the caller
+    /// makes them durable with [`DataFile::sync`] at commit, not one device round trip per page.
+    /// Reads stay O_DIRECT; Linux keeps them coherent by writing back a dirty range before a
+    /// direct read of it, and L1 serves most re-reads of a just-written page anyway.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         let _serial = self.write_lock.lock();
-        let aligned = offset.is_multiple_of(DIRECT_IO_ALIGN as u64)
-            && data.len().is_multiple_of(DIRECT_IO_ALIGN);
-        let res = match (&self.direct, aligned) {
-            (Some(direct), true) => {
-                let mut block = AlignedBuf::new(data.len());
-                block[..data.len()].copy_from_slice(data);
-                direct.write_all_at(&block[..data.len()], offset)
-            }
-            _ => self.buffered.write_all_at(data, offset),
-        };
-        res.map_err(|e| self.io_err(e))
+        self.buffered
+            .write_all_at(data, offset)
+            .map_err(|e| self.io_err(e))
+    }
+
+    /// Drops the file's clean pages from the OS page cache (after a sync they are all clean), so
+    /// that written pages do not linger there as an unaccounted third cache tier.
+    pub fn release_os_cache(&self) {
+        if self.direct.is_some() {
+            // SAFETY: the descriptor is open; fadvise only drops clean cached pages of this file.
+            unsafe {
+                libc::posix_fadvise(self.buffered.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+            };
+        }
     }
 
     pub fn truncate(&self, len: u64) -> Result<()> {
@@ -208,7 +215,9 @@ impl DataFile {
     }
 
     pub fn sync(&self) -> Result<()> {
-        self.buffered.sync_data().map_err(|e| self.io_err(e))
+        self.buffered.sync_data().map_err(|e| self.io_err(e))?;
+        self.release_os_cache();
+        Ok(())
     }
 }
 

@@ -306,7 +306,11 @@ impl BufferPool {
     }
 }
 
-fn remove_if_same(map: &mut HashMap<PageKey, Arc<Pending>, PageKeyHash>, key: &PageKey, p: &Arc<Pending>) {
+fn remove_if_same(
+    map: &mut HashMap<PageKey, Arc<Pending>, PageKeyHash>,
+    key: &PageKey,
+    p: &Arc<Pending>,
+) {
     if map.get(key).is_some_and(|q| Arc::ptr_eq(q, p)) {
         map.remove(key);
     }

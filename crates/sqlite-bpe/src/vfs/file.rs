@@ -231,8 +231,14 @@ unsafe extern "C" fn truncate(f: *mut sqlite3_file, size: i64) -> c_int {
 }
 
 unsafe extern "C" fn sync(f: *mut sqlite3_file, flags: c_int) -> c_int {
-    // fsync through the unix descriptor flushes the inode, our O_DIRECT writes included.
-    unix!(unsafe { real(f) }, xSync, flags)
+    // SAFETY: f is open.
+    let (conn, real) = unsafe { parts(f) };
+    // fsync through the unix descriptor flushes the inode, our writes included.
+    let rc = unix!(real, xSync, flags);
+    if rc == SQLITE_OK {
+        crate::engine().release_os_cache(&conn.handle);
+    }
+    rc
 }
 
 unsafe extern "C" fn file_size(f: *mut sqlite3_file, size: *mut i64) -> c_int {
