@@ -1,0 +1,106 @@
+//! Database files as the VFS sees them: different page sizes through one pool, the header and
+//! other partial reads, page-size changes by VACUUM, and mmap not bypassing the pool.
+
+mod common;
+use common::*;
+
+/// The pool is process-wide and tests run on parallel threads: these look at its contents.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn make(path: &std::path::Path, page_size: u32, rows: i64) -> rusqlite::Connection {
+    let c = open_bpe(path);
+    c.execute_batch(&format!(
+        "PRAGMA page_size = {page_size}; CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);"
+    ))
+    .unwrap();
+    let tx = c.unchecked_transaction().unwrap();
+    for id in 0..rows {
+        tx.execute(
+            "INSERT INTO t VALUES (?1, printf('%.*c', 300, char(65 + ?1 % 26)))",
+            [id],
+        )
+        .unwrap();
+    }
+    tx.commit().unwrap();
+    c
+}
+
+fn checksum(c: &rusqlite::Connection) -> (i64, i64) {
+    c.query_row("SELECT count(*), sum(unicode(v) * id) FROM t", [], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })
+    .unwrap()
+}
+
+#[test]
+fn databases_with_different_page_sizes_share_the_pool() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let small = make(&dir.path().join("p1k.db"), 1024, 2000);
+    let large = make(&dir.path().join("p8k.db"), 8192, 2000);
+    let (a, b) = (checksum(&small), checksum(&large));
+    assert_eq!(a, b);
+    let sizes: std::collections::BTreeSet<i64> = small
+        .prepare("SELECT DISTINCT database_id FROM bpe_buffer_descriptors")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        sizes.len(),
+        2,
+        "both files should have pages in the one pool"
+    );
+    // VACUUM into another page size: the cached pages of the old size must not be served.
+    small
+        .execute_batch("PRAGMA page_size = 4096; VACUUM;")
+        .unwrap();
+    assert_eq!(checksum(&small), a);
+    let page_size: i64 = small
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(page_size, 4096);
+    let ok: String = small
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+}
+
+#[test]
+fn mmap_does_not_bypass_the_pool() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let path = dir.path().join("m.db");
+    drop(make(&path, 4096, 3000));
+    // A fresh connection, so SQLite's own cache holds nothing yet.
+    let c = open_bpe(&path);
+    c.execute_batch("PRAGMA mmap_size = 268435456; PRAGMA cache_size = 8;")
+        .unwrap();
+    let before = counter(&c, "Page lookups/sec");
+    checksum(&c);
+    let after = counter(&c, "Page lookups/sec");
+    assert!(
+        after - before >= 200,
+        "only {} page lookups: reads went around the pool",
+        after - before
+    );
+}
+
+#[test]
+fn a_header_read_of_a_fresh_or_foreign_file_works() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let path = dir.path().join("h.db");
+    {
+        let plain = open_unix(&path);
+        plain
+            .execute_batch("PRAGMA page_size = 2048; CREATE TABLE t(x); INSERT INTO t VALUES (42);")
+            .unwrap();
+    }
+    let c = open_bpe(&path);
+    let x: i64 = c.query_row("SELECT x FROM t", [], |r| r.get(0)).unwrap();
+    assert_eq!(x, 42);
+    let ps: i64 = c.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
+    assert_eq!(ps, 2048);
+}

@@ -1,0 +1,148 @@
+//! SQL Server's operator surface through SQL: bpe_exec, the three tables, and the PRAGMAs.
+
+mod common;
+use common::*;
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn config(c: &rusqlite::Connection) -> (Option<String>, i64, String, i64) {
+    c.query_row(
+        "SELECT path, state, state_description, current_size_in_kb FROM bpe_extension_configuration",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )
+    .unwrap()
+}
+
+#[test]
+fn statements_change_the_engine_and_bad_ones_are_sql_errors_that_change_nothing() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let c = open_bpe(&dir.path().join("op.db"));
+    exec(
+        &c,
+        "exec SP_CONFIGURE 'max server memory (MB)',  64\n RECONFIGURE",
+    );
+    let mb: String = c
+        .query_row("PRAGMA bpe_max_server_memory_mb", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mb, "64");
+    let ext = dir.path().join("op.bpe");
+    let on = format!(
+        "alter server configuration set buffer pool extension on (filename = '{}', size = 128 mb)",
+        ext.display()
+    );
+    exec(&c, &on);
+    assert_eq!(
+        config(&c),
+        (
+            Some(ext.display().to_string()),
+            5,
+            "BUFFER POOL EXTENSION ENABLED".into(),
+            128 * 1024
+        )
+    );
+    for (bad, needle) in [
+        (format!("ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '{}', SIZE = 32 MB)", ext.display()), "868"),
+        (format!("ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '{}', SIZE = 256 MB)", dir.path().join("x.bpe").display()), "already enabled"),
+        ("EXEC sp_configure 'max server memory (MB)', 0".to_string(), "memory"),
+        ("DBCC DROPCLEANBUFFERS; THIS IS NOT SQL".to_string(), "102"),
+        ("EXEC sp_configure 'max server mem', 5".to_string(), "15123"),
+    ] {
+        let err = c
+            .query_row("SELECT bpe_exec(?1)", [&bad], |r| r.get::<_, String>(0))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(needle), "{bad:?}: '{err}' lacks '{needle}'");
+        assert_eq!(config(&c).3, 128 * 1024, "{bad:?} changed the extension");
+        let mb: String = c.query_row("PRAGMA bpe_max_server_memory_mb", [], |r| r.get(0)).unwrap();
+        assert_eq!(mb, "64", "{bad:?} changed max server memory");
+    }
+    exec(
+        &c,
+        "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF",
+    );
+    assert_eq!(config(&c).1, 0);
+    assert!(!ext.exists());
+}
+
+#[test]
+fn pragmas_mirror_the_statements() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let c = open_bpe(&dir.path().join("pr.db"));
+    c.execute_batch("PRAGMA bpe_max_server_memory_mb = 32")
+        .unwrap();
+    let ext = dir.path().join("pr.bpe");
+    c.execute_batch(&format!("PRAGMA bpe_extension = '{},64MB'", ext.display()))
+        .unwrap();
+    let status: String = c
+        .query_row("PRAGMA bpe_extension", [], |r| r.get(0))
+        .unwrap();
+    assert!(
+        status.starts_with("BUFFER POOL EXTENSION ENABLED") && status.contains("pr.bpe"),
+        "{status}"
+    );
+    let err = c
+        .execute_batch("PRAGMA bpe_max_server_memory_mb = lots")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not a whole number"), "{err}");
+    let err = c
+        .execute_batch(&format!("PRAGMA bpe_extension = '{},64'", ext.display()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unit"), "{err}");
+    c.execute_batch("PRAGMA bpe_drop_clean_buffers").unwrap();
+    c.execute_batch("PRAGMA bpe_extension = off").unwrap();
+    assert!(!ext.exists());
+    // Ordinary pragmas still reach SQLite.
+    let mode: String = c
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete");
+}
+
+#[test]
+fn the_tables_exist_on_connections_opened_later_and_describe_the_pool() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let c = open_bpe(&dir.path().join("d.db"));
+    c.execute_batch(
+        "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT); CREATE INDEX t_v ON t(v);
+         WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < 2000)
+         INSERT INTO t SELECT i, printf('%08d', i) FROM s;",
+    )
+    .unwrap();
+    // Any connection, even one not using bpe, sees the process's pool.
+    let other = rusqlite::Connection::open_in_memory().unwrap();
+    let types: Vec<(String, i64)> = other
+        .prepare("SELECT page_type, count(*) FROM bpe_buffer_descriptors WHERE is_in_bpool_extension = 0 GROUP BY 1 ORDER BY 1")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let names: Vec<&str> = types.iter().map(|(t, _)| t.as_str()).collect();
+    assert!(
+        names.contains(&"TABLE_LEAF") && names.contains(&"INDEX_LEAF"),
+        "{types:?}"
+    );
+    let rows: i64 = other
+        .query_row("SELECT sum(row_count) FROM bpe_buffer_descriptors WHERE page_type = 'TABLE_LEAF' AND page_id > 1", [], |r| r.get(0))
+        .unwrap();
+    // Page 1 is sqlite_schema's leaf (2 rows: the table and the index), hence page_id > 1.
+    assert_eq!(
+        rows, 2000,
+        "row counts decoded from the leaves should add up to the table"
+    );
+    let (object, kind): (String, i64) = other
+        .query_row(
+            "SELECT object_name, cntr_type FROM bpe_performance_counters WHERE counter_name = 'Extension page reads/sec'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert!(object.ends_with(":Buffer Manager"));
+    assert_eq!(kind, 272696576);
+}

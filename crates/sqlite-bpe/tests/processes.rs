@@ -1,0 +1,142 @@
+//! Two real processes on one database. The second process is the stock sqlite3 shell: as a plain
+//! SQLite writer, its changes must never leave this process reading a stale cached page (rollback
+//! and WAL modes); as a second bpe process, it must be refused with a clear error. And closing one
+//! connection must not drop the POSIX locks another connection of this process holds.
+
+mod common;
+use common::*;
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn value(c: &rusqlite::Connection) -> String {
+    c.query_row("SELECT v FROM kv WHERE k = 7", [], |r| r.get(0))
+        .unwrap()
+}
+
+fn stale_check(journal: &str) {
+    let dir = tempdir();
+    let db = dir.path().join("shared.db");
+    let a = open_bpe(&db);
+    a.execute_batch(&format!(
+        "PRAGMA journal_mode = {journal}; CREATE TABLE kv(k INTEGER PRIMARY KEY, v TEXT);"
+    ))
+    .unwrap();
+    let tx = a.unchecked_transaction().unwrap();
+    for k in 1..=2000 {
+        tx.execute("INSERT INTO kv VALUES (?1, 'old')", [k])
+            .unwrap();
+    }
+    tx.commit().unwrap();
+    if journal == "WAL" {
+        a.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+    }
+    // SQLite's own cache holds one page, so the next reads come from our pool.
+    a.execute_batch("PRAGMA cache_size = 1").unwrap();
+    assert_eq!(value(&a), "old");
+    assert_eq!(value(&a), "old");
+    // Another process, plain SQLite, changes the row; in WAL mode it also checkpoints, so the
+    // new page reaches the database file while our pool holds the old one.
+    let checkpoint = if journal == "WAL" {
+        "PRAGMA wal_checkpoint(TRUNCATE);"
+    } else {
+        ""
+    };
+    let (out, err, ok) = run_shell(
+        dir.path(),
+        &format!(".open {}\nUPDATE kv SET v = 'new' WHERE k = 7;\n{checkpoint}\nSELECT v FROM kv WHERE k = 7;\n", db.display()),
+    );
+    assert!(
+        ok && err.is_empty() && out.contains("new"),
+        "plain writer failed: {err} {out}"
+    );
+    assert_eq!(
+        value(&a),
+        "new",
+        "{journal}: this process served a stale page"
+    );
+}
+
+#[test]
+fn a_plain_sqlite_writer_in_another_process_is_seen_in_rollback_mode() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    stale_check("DELETE");
+}
+
+#[test]
+fn a_plain_sqlite_writer_in_another_process_is_seen_in_wal_mode() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    stale_check("WAL");
+}
+
+#[test]
+fn a_second_bpe_process_is_refused_clearly() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lib = extension_library();
+    let dir = tempdir();
+    let db = dir.path().join("owned.db");
+    let a = open_bpe(&db);
+    a.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+        .unwrap();
+    let (out, err, _) = run_shell(
+        dir.path(),
+        &format!(
+            ".load {}\n.open file:{}?vfs=bpe\nSELECT count(*) FROM t;\n",
+            lib.with_extension("").display(),
+            db.display()
+        ),
+    );
+    assert!(
+        !out.contains('1') || err.contains("locked") || err.contains("unable"),
+        "second bpe process read the database: {out}"
+    );
+    assert!(
+        err.contains("database is locked") || err.contains("unable to open"),
+        "unclear refusal: {err}"
+    );
+    // This process still works.
+    let n: i64 = a
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
+#[test]
+fn closing_one_connection_keeps_the_other_connections_locks() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let db = dir.path().join("locks.db");
+    let a = open_bpe(&db);
+    a.execute_batch("PRAGMA journal_mode = DELETE; CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+        .unwrap();
+    // A holds a read transaction: a SHARED POSIX lock on the file.
+    a.execute_batch("BEGIN; SELECT * FROM t;").unwrap();
+    let n: i64 = a
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
+    // B opens and closes the same file in this process.
+    {
+        let b = open_bpe(&db);
+        let _: i64 = b
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+    }
+    // Another process must still be unable to write while A's read transaction is open.
+    let (out, err, _) = run_shell(
+        dir.path(),
+        &format!(
+            ".open {}\n.timeout 0\nINSERT INTO t VALUES (2);\n",
+            db.display()
+        ),
+    );
+    assert!(
+        err.contains("database is locked"),
+        "A's lock was lost: out {out:?} err {err:?}"
+    );
+    a.execute_batch("COMMIT").unwrap();
+    let (_, err, ok) = run_shell(
+        dir.path(),
+        &format!(".open {}\nINSERT INTO t VALUES (2);\n", db.display()),
+    );
+    assert!(ok && err.is_empty(), "{err}");
+}
