@@ -19,6 +19,16 @@ pub enum Experiment {
     Oltp(OltpArgs),
     /// TPC-H's 22 queries at a scale exceeding memory, extension on and off.
     Dw(DwArgs),
+    /// Draws the plot of a saved --json result again.
+    Plot(PlotArgs),
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct PlotArgs {
+    /// A result written by --json.
+    pub json: PathBuf,
+    /// The picture to write (.png or .svg).
+    pub out: PathBuf,
 }
 
 /// Options every benchmark takes.

@@ -38,5 +38,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::Scan(a) => scan::run(a),
         Experiment::Oltp(a) => tpcc::run(a),
         Experiment::Dw(a) => tpch::run(a),
+        Experiment::Plot(a) => {
+            let report: BenchReport = serde_json::from_slice(&std::fs::read(&a.json)?)?;
+            plot::draw(&report, &a.out)
+        }
     }
 }

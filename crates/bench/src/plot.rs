@@ -40,7 +40,7 @@ fn register_font() -> bool {
 pub fn draw(r: &BenchReport, path: &Path) -> anyhow::Result<()> {
     let text = register_font();
     let panels = r.configs.len().div_ceil(2) as u32;
-    let size = (1400, 520 + 300 * panels);
+    let size = (1200, 460 + 260 * panels);
     let svg = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("svg"));
@@ -63,7 +63,7 @@ where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE).map_err(err)?;
-    let (top, bottom) = root.split_vertically(520);
+    let (top, bottom) = root.split_vertically(460);
     bars(&top, r, text)?;
     let panels = r.configs.len().div_ceil(2);
     if panels > 0 {
@@ -119,6 +119,7 @@ where
                 }
             })
             .y_desc("seconds")
+            .light_line_style(WHITE)
             .label_style(("sans-serif", 15))
             .draw()
             .map_err(err)?;
@@ -185,6 +186,7 @@ where
         chart
             .configure_mesh()
             .x_desc("seconds")
+            .light_line_style(WHITE)
             .label_style(("sans-serif", 13))
             .draw()
             .map_err(err)?;
@@ -225,7 +227,7 @@ where
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.8))
+            .background_style(WHITE.mix(0.6))
             .border_style(BLACK)
             .label_font(("sans-serif", 13))
             .draw()
