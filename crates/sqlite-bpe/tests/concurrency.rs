@@ -42,7 +42,9 @@ fn readers_and_a_writer_share_one_pool_consistently() {
     }
     // Pages still in the WAL are read by SQLite from the WAL itself; move them into the database
     // file, where reads go through the pool.
-    setup.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+    setup
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
     exec(&setup, "EXEC sp_configure 'max server memory (MB)', 1");
     exec(
         &setup,
@@ -53,7 +55,9 @@ fn readers_and_a_writer_share_one_pool_consistently() {
     );
     // A scan with the extension on pushes most rows through RAM into it; wait for the writer so
     // that the readers below surely read from both tiers.
-    let _: i64 = setup.query_row("SELECT sum(length(body)) FROM r", [], |r| r.get(0)).unwrap();
+    let _: i64 = setup
+        .query_row("SELECT sum(length(body)) FROM r", [], |r| r.get(0))
+        .unwrap();
     assert!(sqlite_bpe::engine().wait_for_extension_writes(std::time::Duration::from_secs(30)));
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
