@@ -138,6 +138,22 @@ fn memory_settings_are_validated() {
     assert_eq!(engine.max_memory(), 8 << 20);
 }
 
+/// A 400-page file, 256 KiB of RAM and a 4 MiB extension: most pages live in the extension.
+fn rig() -> (
+    tempfile::TempDir,
+    std::sync::Arc<bpe_core::Engine>,
+    bpe_core::FileHandle,
+    std::path::PathBuf,
+) {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 400, PAGE);
+    let engine = engine(256 << 10);
+    let f = engine.open_file(&path, PAGE).unwrap();
+    let ext = dir.path().join("ext.bpe");
+    engine.enable_extension(&ext, 4 << 20).unwrap();
+    (dir, engine, f, ext)
+}
+
 /// Fills the extension with pages 0..n of `f` (RAM is far smaller).
 fn fill(engine: &bpe_core::Engine, f: &bpe_core::FileHandle, n: u64) {
     for p in 0..n {
@@ -158,12 +174,7 @@ fn read_all_correct(engine: &bpe_core::Engine, f: &bpe_core::FileHandle, n: u64)
 
 #[test]
 fn extension_read_errors_are_misses_and_repeated_ones_disable_it() {
-    let dir = tempdir();
-    let path = make_file(dir.path(), "data", 400, PAGE);
-    let engine = engine(256 << 10);
-    let f = engine.open_file(&path, PAGE).unwrap();
-    let ext = dir.path().join("ext.bpe");
-    engine.enable_extension(&ext, 4 << 20).unwrap();
+    let (_dir, engine, f, ext) = rig();
     fill(&engine, &f, 400);
     engine.faults().fail_extension_reads(3);
     read_all_correct(&engine, &f, 400);
@@ -203,12 +214,7 @@ fn extension_read_errors_are_misses_and_repeated_ones_disable_it() {
 
 #[test]
 fn corruption_by_another_writer_is_detected_and_served_from_the_data_file() {
-    let dir = tempdir();
-    let path = make_file(dir.path(), "data", 400, PAGE);
-    let engine = engine(256 << 10);
-    let f = engine.open_file(&path, PAGE).unwrap();
-    let ext = dir.path().join("ext.bpe");
-    engine.enable_extension(&ext, 4 << 20).unwrap();
+    let (_dir, engine, f, ext) = rig();
     fill(&engine, &f, 400);
     // Scribble over the first 64 slots, as a stray process might.
     use std::os::unix::fs::FileExt;
@@ -225,12 +231,7 @@ fn corruption_by_another_writer_is_detected_and_served_from_the_data_file() {
 
 #[test]
 fn write_errors_and_a_deleted_or_truncated_file_cost_only_hits() {
-    let dir = tempdir();
-    let path = make_file(dir.path(), "data", 400, PAGE);
-    let engine = engine(256 << 10);
-    let f = engine.open_file(&path, PAGE).unwrap();
-    let ext = dir.path().join("ext.bpe");
-    engine.enable_extension(&ext, 4 << 20).unwrap();
+    let (_dir, engine, f, ext) = rig();
     engine.faults().fail_extension_writes(2);
     fill(&engine, &f, 400);
     assert_eq!(engine.counters().ext_io_errors, 2);
