@@ -135,3 +135,8 @@ pub struct DwArgs {
     #[arg(long, value_delimiter = ',')]
     pub queries: Option<Vec<u32>>,
 }
+
+/// Whether `--configs` asks for configuration `name` (all when it is absent).
+pub fn selected(filter: Option<&[String]>, name: &str) -> bool {
+    filter.is_none_or(|f| f.iter().any(|n| n == name))
+}

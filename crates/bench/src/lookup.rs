@@ -1,15 +1,17 @@
 //! The lookup benchmark: a table of 1,000,000 rows of 1000 bytes (just over 1 GB) and 10,000
 //! random point selects, in the five configurations of the published SQL Server experiment.
 
+use crate::args::selected;
 use crate::args::LookupArgs;
 use crate::child::{run_config, EngineEnv};
 use crate::db::{self, Counters};
+use crate::progress;
+use crate::reference::measure_reference;
 use crate::report::{
     fmt_duration, print_storage, print_table_left, ratio, BenchReport, ConfigResult,
 };
 use crate::sampler::Sampler;
-use crate::storage::{db_bytes, Storage};
-use crate::{progress, reference};
+use crate::storage::{db_bytes, is_loaded, mark_loaded, remove_db, Storage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -127,34 +129,12 @@ pub fn run(a: LookupArgs) -> anyhow::Result<()> {
     report.finish(c)
 }
 
-pub fn selected(filter: Option<&[String]>, name: &str) -> bool {
-    filter.is_none_or(|f| f.iter().any(|n| n == name))
-}
-
-pub fn measure_reference(
-    c: &crate::args::CommonArgs,
-    storage: &Storage,
-) -> anyhow::Result<Option<reference::Reference>> {
-    let mib = c.reference_mib.unwrap_or(if c.quick { 256 } else { 1024 });
-    if mib == 0 {
-        return Ok(None);
-    }
-    let sp = progress::spinner("reference");
-    sp.set_message(format!("measuring {}", storage.ext_dir.display()));
-    let r = reference::measure(&storage.ext_dir, mib)?;
-    sp.finish_and_clear();
-    Ok(Some(r))
-}
-
 /// Creates the table unless a complete one with `rows` rows is there (loading is not timed).
 fn load(path: &Path, rows: u64, reload: bool) -> anyhow::Result<()> {
-    let marker = PathBuf::from(format!("{}.loaded", path.display()));
-    if !reload && marker.exists() && path.exists() {
+    if is_loaded(path, reload) {
         return Ok(());
     }
-    for suffix in ["", "-wal", "-shm", ".loaded"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
+    remove_db(path);
     let conn = db::open_for_load(path)?;
     conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, n TEXT NOT NULL)")?;
     let pb = progress::bar(rows, "load");
@@ -177,7 +157,7 @@ fn load(path: &Path, rows: u64, reload: bool) -> anyhow::Result<()> {
     conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")?;
     drop(conn);
     pb.finish_and_clear();
-    std::fs::write(&marker, format!("{rows}\n"))?;
+    mark_loaded(path, &rows.to_string())?;
     Ok(())
 }
 

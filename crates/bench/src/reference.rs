@@ -37,6 +37,22 @@ pub struct Reference {
     pub fio: Option<serde_json::Value>,
 }
 
+/// The reference for a run on its extension's file system (None with --reference-mib 0).
+pub fn measure_reference(
+    c: &crate::args::CommonArgs,
+    storage: &crate::storage::Storage,
+) -> anyhow::Result<Option<Reference>> {
+    let mib = c.reference_mib.unwrap_or(if c.quick { 256 } else { 1024 });
+    if mib == 0 {
+        return Ok(None);
+    }
+    let sp = crate::progress::spinner("reference");
+    sp.set_message(format!("measuring {}", storage.ext_dir.display()));
+    let r = measure(&storage.ext_dir, mib)?;
+    sp.finish_and_clear();
+    Ok(Some(r))
+}
+
 /// Measures `dir` with a scratch file of `mib` MiB, removed afterwards.
 pub fn measure(dir: &Path, mib: u64) -> anyhow::Result<Reference> {
     let path = dir.join(format!("bench-reference-{}.tmp", std::process::id()));

@@ -2,12 +2,13 @@
 //! slow device, warm, with 256 MB of memory, and with 256 MB plus an extension (the first run
 //! fills it, the second reads from it).
 
+use crate::args::selected;
 use crate::args::ScanArgs;
 use crate::child::{run_config, EngineEnv};
 use crate::db;
-use crate::lookup::{measure_reference, selected};
+use crate::reference::measure_reference;
 use crate::report::{fmt_duration, print_storage, print_table_left, BenchReport, ConfigResult};
-use crate::storage::{db_bytes, Storage};
+use crate::storage::{db_bytes, is_loaded, mark_loaded, marker, remove_db, Storage};
 use crate::{progress, reference};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -142,17 +143,12 @@ pub fn run(a: ScanArgs) -> anyhow::Result<()> {
 
 /// Fills the table until the database reaches `bytes`; returns the row count.
 fn load(path: &Path, bytes: u64, reload: bool) -> anyhow::Result<u64> {
-    let marker = PathBuf::from(format!("{}.loaded", path.display()));
-    if !reload && path.exists() {
-        if let Ok(s) = std::fs::read_to_string(&marker) {
-            if let Ok(n) = s.trim().parse() {
-                return Ok(n);
-            }
+    if is_loaded(path, reload) {
+        if let Ok(n) = std::fs::read_to_string(marker(path))?.trim().parse() {
+            return Ok(n);
         }
     }
-    for suffix in ["", "-wal", "-shm", ".loaded"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
+    remove_db(path);
     let conn = db::open_for_load(path)?;
     conn.execute_batch(
         "CREATE TABLE bigTransactionHistory (TransactionID INTEGER PRIMARY KEY, ProductID INTEGER NOT NULL, TransactionDate TEXT NOT NULL, Quantity INTEGER NOT NULL, ActualCost REAL NOT NULL)",
@@ -190,7 +186,7 @@ fn load(path: &Path, bytes: u64, reload: bool) -> anyhow::Result<u64> {
     conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")?;
     drop(conn);
     pb.finish_and_clear();
-    std::fs::write(&marker, format!("{id}\n"))?;
+    mark_loaded(path, &id.to_string())?;
     Ok(id as u64)
 }
 

@@ -147,3 +147,24 @@ pub fn db_bytes(path: &Path) -> u64 {
         .map(|m| m.len())
         .sum()
 }
+
+/// True when `path` holds a complete load (its `.loaded` marker exists) and no reload was asked.
+pub fn is_loaded(path: &Path, reload: bool) -> bool {
+    !reload && path.exists() && marker(path).exists()
+}
+
+/// Removes a database, its WAL, shared memory and load marker, before loading it anew.
+pub fn remove_db(path: &Path) {
+    for suffix in ["", "-wal", "-shm", ".loaded"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
+/// Records a complete load, with what the loader wants to remember (e.g. a row count).
+pub fn mark_loaded(path: &Path, note: &str) -> std::io::Result<()> {
+    std::fs::write(marker(path), format!("{note}\n"))
+}
+
+pub fn marker(path: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.loaded", path.display()))
+}

@@ -8,13 +8,14 @@
 mod load;
 mod txn;
 
+use crate::args::selected;
 use crate::args::OltpArgs;
 use crate::child::{run_config, EngineEnv};
 use crate::db;
-use crate::lookup::{measure_reference, selected};
 use crate::progress;
+use crate::reference::measure_reference;
 use crate::report::{print_storage, print_table_left, ratio, BenchReport, ConfigResult};
-use crate::storage::{db_bytes, Storage};
+use crate::storage::{db_bytes, is_loaded, mark_loaded, remove_db, Storage};
 use load::Rand;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -131,18 +132,15 @@ pub fn run(a: OltpArgs) -> anyhow::Result<()> {
 }
 
 fn load_once(path: &Path, warehouses: u32, items: u32, reload: bool) -> anyhow::Result<()> {
-    let marker = PathBuf::from(format!("{}.loaded", path.display()));
-    if !reload && marker.exists() && path.exists() {
+    if is_loaded(path, reload) {
         return Ok(());
     }
-    for suffix in ["", "-wal", "-shm", ".loaded"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
+    remove_db(path);
     let conn = db::open_for_load(path)?;
     load::load(&conn, warehouses, items)?;
     conn.execute_batch("ANALYZE; PRAGMA wal_checkpoint(TRUNCATE);")?;
     drop(conn);
-    std::fs::write(&marker, "ok\n")?;
+    mark_loaded(path, "ok")?;
     Ok(())
 }
 

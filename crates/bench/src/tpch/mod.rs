@@ -6,15 +6,16 @@
 mod load;
 mod queries;
 
+use crate::args::selected;
 use crate::args::DwArgs;
 use crate::child::{run_config, EngineEnv};
 use crate::db;
-use crate::lookup::{measure_reference, selected};
 use crate::progress;
+use crate::reference::measure_reference;
 use crate::report::{
     fmt_duration, print_storage, print_table_left, ratio, BenchReport, ConfigResult,
 };
-use crate::storage::{db_bytes, Storage};
+use crate::storage::{db_bytes, is_loaded, mark_loaded, remove_db, Storage};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -105,18 +106,15 @@ pub fn run(a: DwArgs) -> anyhow::Result<()> {
 }
 
 fn load_once(path: &Path, scale: f64, reload: bool) -> anyhow::Result<()> {
-    let marker = PathBuf::from(format!("{}.loaded", path.display()));
-    if !reload && marker.exists() && path.exists() {
+    if is_loaded(path, reload) {
         return Ok(());
     }
-    for suffix in ["", "-wal", "-shm", ".loaded"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
+    remove_db(path);
     let conn = db::open_for_load(path)?;
     load::load(&conn, scale)?;
     conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")?;
     drop(conn);
-    std::fs::write(&marker, "ok\n")?;
+    mark_loaded(path, "ok")?;
     Ok(())
 }
 
