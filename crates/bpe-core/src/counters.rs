@@ -77,6 +77,8 @@ pub struct Counters {
     pub ext_sequential_write_pages: AtomicU64,
     pub ext_admissions_dropped: AtomicU64,
     pub ext_outstanding_io: AtomicI64,
+    /// Times every cached page of a file was dropped because the file changed under us.
+    pub file_invalidations: AtomicU64,
     /// Moving average, in milliseconds, of how long evicted L1 pages had been resident.
     pub l1_residence_ms: AtomicU64,
     /// Moving average, in milliseconds, of how long evicted L2 pages had gone unreferenced.
@@ -154,6 +156,7 @@ pub struct CounterSnapshot {
     pub ext_admissions_dropped: u64,
     /// Open data files the file system would not let us read with O_DIRECT.
     pub buffered_data_files: u64,
+    pub file_invalidations: u64,
 }
 
 impl CounterSnapshot {
@@ -198,6 +201,7 @@ impl CounterSnapshot {
                 .unwrap_or(100),
             ext_admissions_dropped: l(&c.ext_admissions_dropped),
             buffered_data_files: g.buffered_data_files,
+            file_invalidations: l(&c.file_invalidations),
         }
     }
 
@@ -286,6 +290,11 @@ impl CounterSnapshot {
                 "Data files without O_DIRECT",
                 self.buffered_data_files,
                 Gauge,
+            ),
+            r(
+                "File cache invalidations",
+                self.file_invalidations,
+                Cumulative,
             ),
         ]
     }

@@ -59,6 +59,7 @@ fn readers_and_a_writer_share_one_pool_consistently() {
         .query_row("SELECT sum(length(body)) FROM r", [], |r| r.get(0))
         .unwrap();
     assert!(sqlite_bpe::engine().wait_for_extension_writes(std::time::Duration::from_secs(30)));
+    let invalidations = counter(&setup, "File cache invalidations");
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let mut readers = Vec::new();
@@ -119,6 +120,13 @@ fn readers_and_a_writer_share_one_pool_consistently() {
     assert!(
         counter(&setup, "Extension page reads/sec") > 0,
         "the extension served nothing"
+    );
+    // The writer's commits, WAL restarts and checkpoints were all this process's own: none of
+    // them may cost the cache its pages.
+    assert_eq!(
+        counter(&setup, "File cache invalidations"),
+        invalidations,
+        "this process's own WAL writes dropped its cached pages"
     );
     let ok: String = setup
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))

@@ -125,6 +125,7 @@ impl Engine {
 
     /// Forgets every cached copy of `file`'s pages: for when another process may have changed it.
     pub fn invalidate_file(&self, file: &FileHandle) {
+        Counters::bump(&self.counters.file_invalidations);
         self.forget_pages(file.id, 0);
     }
 

@@ -5,23 +5,29 @@
 //! - Rollback journal: every writer bumps the file change counter (header bytes 24..28). At the
 //!   start of each read transaction we read it from disk; a value we did not write means another
 //!   process wrote, and the file's cached pages are dropped.
-//! - WAL: the database file only changes when a checkpoint copies frames into it. The wal-index
-//!   records how far checkpoints got (nBackfill) and the WAL's salts, which change when the WAL
-//!   restarts. When they moved at the start of a read transaction and this process held neither
-//!   the checkpoint nor the write lock since, someone else checkpointed: drop the cached pages.
+//! - WAL: the database file only changes when a checkpoint copies frames into it (backfill).
+//!   The wal-index records how far backfill got (nBackfill) and the WAL's salts, which change when
+//!   a writer restarts the WAL. We account for every change of that token at the start of each read
+//!   transaction and whenever one of our connections takes or releases the wal-index write or
+//!   checkpoint lock. A change is ours when our connection held the lock that makes it (backfill:
+//!   the checkpoint lock; restart: the write lock); our own checkpoints write through our cache, so
+//!   they need no invalidation. Any other change means another process checkpointed (or restarted
+//!   a WAL that someone backfilled unseen): the file's cached pages are dropped.
+//!
+//!   The token is accounted per database file for the whole process, not per connection, and the
+//!   lock holders are per file too: at most one connection anywhere holds each of those locks.
 
 use bpe_core::{Engine, FileHandle};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// What this process knows of one database file, shared by all its connections to it.
 #[derive(Default)]
 pub struct InodeState {
     counter: Mutex<Option<[u8; 4]>>,
-    wal_token: Mutex<Option<[u32; 3]>>,
-    touched_wal: AtomicBool,
+    wal: Mutex<WalView>,
     openers: Mutex<usize>,
 }
 
@@ -61,19 +67,77 @@ impl InodeState {
         *self.counter.lock() = Some(counter);
     }
 
-    /// This process took the WAL write or checkpoint lock.
-    pub fn touched_wal(&self) {
-        self.touched_wal.store(true, Ordering::Release);
-    }
-
-    /// The wal-index at the start of a read transaction.
-    pub fn observe_wal(&self, engine: &Engine, file: &FileHandle, token: [u32; 3]) {
-        let ours = self.touched_wal.swap(false, Ordering::AcqRel);
-        let mut known = self.wal_token.lock();
-        if known.is_some_and(|k| k != token) && !ours {
+    /// The wal-index token at the start of a read transaction.
+    pub fn observe_wal(&self, engine: &Engine, file: &FileHandle, token: WalToken) {
+        if self.wal.lock().account(token) {
             engine.invalidate_file(file);
         }
-        *known = Some(token);
+    }
+
+    /// One of our connections took (`held` = true) or is about to release the wal-index write
+    /// and/or checkpoint lock. Called while the lock is held, so no change of the kind it guards
+    /// can slip between the accounting and the flag.
+    pub fn wal_lock(
+        &self,
+        engine: &Engine,
+        file: &FileHandle,
+        token: WalToken,
+        lock: WalLocks,
+        held: bool,
+    ) {
+        let mut wal = self.wal.lock();
+        let invalidate = wal.account(token);
+        if lock.write {
+            wal.writing = held;
+        }
+        if lock.checkpoint {
+            wal.checkpointing = held;
+        }
+        drop(wal);
+        if invalidate {
+            engine.invalidate_file(file);
+        }
+    }
+}
+
+/// (salt1, salt2, nBackfill) from the wal-index.
+pub type WalToken = [u32; 3];
+
+/// Which of the wal-index locks that change the token a lock call covers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalLocks {
+    pub write: bool,
+    pub checkpoint: bool,
+}
+
+/// This process's view of one database's wal-index.
+#[derive(Default, Debug)]
+struct WalView {
+    /// The token as last accounted for.
+    known: Option<WalToken>,
+    /// One of our connections holds the write lock (only a writer restarts the WAL).
+    writing: bool,
+    /// One of our connections holds the checkpoint lock (only a checkpointer backfills).
+    checkpointing: bool,
+}
+
+impl WalView {
+    /// Takes `token` as the current state; true when the change since the last one was not ours
+    /// and the database file may hold pages we have not seen.
+    fn account(&mut self, token: WalToken) -> bool {
+        let Some(known) = self.known.replace(token) else {
+            return false;
+        };
+        if known[..2] != token[..2] {
+            // A restart. Ours needs the write lock, and our writer restarts only a WAL it saw
+            // fully backfilled when its read transaction began (accounted then). Another
+            // process's restart may follow a backfill we never saw.
+            !self.writing
+        } else if known[2] != token[2] {
+            !self.checkpointing
+        } else {
+            false
+        }
     }
 }
 
@@ -81,10 +145,58 @@ impl InodeState {
 ///
 /// # Safety
 /// `region0` must be the mapping SQLite returned for region 0 (at least 136 bytes), still mapped.
-pub unsafe fn wal_token(region0: *const u8) -> [u32; 3] {
+pub unsafe fn wal_token(region0: *const u8) -> WalToken {
     // Other processes write these words concurrently: read each atomically.
     // SAFETY: offsets are within the 32 KiB region and 4-byte aligned; the mapping is live.
     let word =
         |off: usize| unsafe { (*(region0.add(off) as *const AtomicU32)).load(Ordering::Acquire) };
     [word(32), word(36), word(96)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WalView;
+
+    const SALTS: [u32; 2] = [7, 9];
+
+    fn token(salts: [u32; 2], backfill: u32) -> [u32; 3] {
+        [salts[0], salts[1], backfill]
+    }
+
+    #[test]
+    fn the_first_token_and_unchanged_tokens_are_not_changes() {
+        let mut wal = WalView::default();
+        assert!(!wal.account(token(SALTS, 3)));
+        assert!(!wal.account(token(SALTS, 3)));
+    }
+
+    #[test]
+    fn backfill_is_ours_only_under_our_checkpoint_lock() {
+        let mut wal = WalView::default();
+        wal.account(token(SALTS, 0));
+        wal.checkpointing = true;
+        assert!(!wal.account(token(SALTS, 40)), "our own checkpoint");
+        wal.checkpointing = false;
+        wal.writing = true;
+        assert!(
+            wal.account(token(SALTS, 80)),
+            "another process checkpointed while we held only the write lock"
+        );
+    }
+
+    #[test]
+    fn a_restart_is_ours_only_under_our_write_lock() {
+        let mut wal = WalView::default();
+        wal.account(token(SALTS, 80));
+        wal.writing = true;
+        assert!(
+            !wal.account(token([8, 10], 0)),
+            "our writer restarted the WAL"
+        );
+        wal.writing = false;
+        assert!(
+            wal.account(token([9, 11], 0)),
+            "another process restarted a WAL that may have been backfilled unseen"
+        );
+    }
 }

@@ -2,7 +2,7 @@
 //! (locks, size, sync, shared memory) goes to the unix file underneath, with a look at the locks
 //! and the wal-index for changes made by other processes.
 
-use super::change_detect::{self, InodeState};
+use super::change_detect::{self, InodeState, WalLocks};
 use crate::api;
 use bpe_core::{Error, FileHandle};
 use libsqlite3_sys::*;
@@ -349,12 +349,21 @@ unsafe extern "C" fn shm_lock(
 ) -> c_int {
     // SAFETY: f is open.
     let (conn, real) = unsafe { parts(f) };
+    let guarded = WalLocks {
+        write: offset <= WAL_WRITE_LOCK && offset + n > WAL_WRITE_LOCK,
+        checkpoint: offset <= WAL_CKPT_LOCK && offset + n > WAL_CKPT_LOCK,
+    };
+    let exclusive = flags & SQLITE_SHM_EXCLUSIVE != 0 && guarded != WalLocks::default();
+    if exclusive && flags & SQLITE_SHM_UNLOCK != 0 {
+        // Account for what we did under the lock before anyone else can take it.
+        conn.wal_lock(guarded, false);
+    }
     let rc = unix!(real, xShmLock, offset, n, flags);
     if rc != SQLITE_OK || flags & SQLITE_SHM_LOCK == 0 {
         return rc;
     }
-    if flags & SQLITE_SHM_EXCLUSIVE != 0 && offset <= WAL_CKPT_LOCK && offset + n > WAL_WRITE_LOCK {
-        conn.inode.touched_wal();
+    if exclusive {
+        conn.wal_lock(guarded, true);
     }
     if flags & SQLITE_SHM_SHARED != 0 && offset >= WAL_READ_LOCK0 && !conn.shm0.is_null() {
         // A read transaction begins (WAL mode): has anyone else checkpointed?
@@ -363,6 +372,18 @@ unsafe extern "C" fn shm_lock(
         conn.inode.observe_wal(crate::engine(), &conn.handle, token);
     }
     rc
+}
+
+impl Conn {
+    fn wal_lock(&self, locks: WalLocks, held: bool) {
+        if self.shm0.is_null() {
+            return;
+        }
+        // SAFETY: shm0 is region 0 as mapped by the unix VFS and still mapped.
+        let token = unsafe { change_detect::wal_token(self.shm0) };
+        self.inode
+            .wal_lock(crate::engine(), &self.handle, token, locks, held);
+    }
 }
 
 unsafe extern "C" fn shm_barrier(f: *mut sqlite3_file) {
