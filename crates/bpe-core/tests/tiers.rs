@@ -57,6 +57,45 @@ fn evicted_pages_are_served_from_the_extension_after_sequential_writes() {
 }
 
 #[test]
+fn pages_read_from_the_data_file_reach_the_extension_once_and_are_not_written_at_eviction() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 200, PAGE);
+    let engine = engine(4 << 20); // room for the whole file in RAM
+    let f = engine.open_file(&path, PAGE).unwrap();
+    engine
+        .enable_extension(&dir.path().join("ext.bpe"), 8 << 20)
+        .unwrap();
+    for p in 0..200u64 {
+        read(&engine, &f, (p * 37) % 200);
+    }
+    assert!(engine.wait_for_extension_writes(WAIT));
+    let c = engine.counters();
+    assert_eq!(c.lazy_writes, 0, "nothing was evicted");
+    assert_eq!(
+        c.ext_page_writes, 200,
+        "every page read from the data file is admitted to the extension at load"
+    );
+    // A rewritten page loses its L2 copy; evicting everything then writes only that page.
+    engine.write_page(&f, 5, &page_bytes(5, 1, PAGE)).unwrap();
+    engine.set_max_memory(256 << 10).unwrap();
+    for p in 100..200u64 {
+        read(&engine, &f, p); // from L2: pushes page 5 out of RAM
+    }
+    assert!(engine.wait_for_extension_writes(WAIT));
+    let in_ram = |p: u64| {
+        engine
+            .descriptors()
+            .iter()
+            .any(|d| d.page == p && d.tier == Tier::Memory)
+    };
+    assert!(!in_ram(5), "page 5 should have been evicted");
+    assert!(engine.counters().lazy_writes > 100);
+    assert_eq!(engine.counters().ext_page_writes, 201);
+    let (bytes, _) = read(&engine, &f, 5);
+    assert_eq!(decode(&bytes), Some((5, 1)));
+}
+
+#[test]
 fn a_write_drops_the_extension_copy_before_returning() {
     let dir = tempdir();
     let path = make_file(dir.path(), "data", 300, PAGE);
@@ -295,4 +334,31 @@ fn page_size_change_drops_the_files_cached_pages() {
     engine.read_page(&f, 1, &mut buf).unwrap();
     assert_eq!(decode(&buf[..PAGE]), Some((2, 0)));
     assert!(engine.set_page_size(&f, 3000).is_err());
+}
+
+#[test]
+fn a_sequential_scan_keeps_its_readahead_across_pages_already_cached() {
+    // As a b-tree scan meets interior pages between runs of leaves: every 20th page is cached.
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 600, PAGE);
+    let engine = engine(8 << 20);
+    let f = engine.open_file(&path, PAGE).unwrap();
+    for p in (0..600).step_by(20) {
+        read(&engine, &f, p);
+    }
+    assert_eq!(engine.counters().readahead_pages, 0, "scattered reads");
+    for p in 0..600 {
+        let (bytes, _) = read(&engine, &f, p);
+        assert_eq!(decode(&bytes), Some((p, 0)));
+    }
+    let c = engine.counters();
+    let loaded_by_scan = 600 - 30;
+    // Requests: the 3 single-page misses that start the run, then one per 256 KiB window (the
+    // page that triggers a window is a plain read, the rest readahead). The cached pages neither
+    // end a window nor reset the run.
+    let requests = loaded_by_scan - c.readahead_pages;
+    assert!(
+        requests <= 3 + loaded_by_scan.div_ceil(63),
+        "{requests} data-file requests for {loaded_by_scan} pages"
+    );
 }

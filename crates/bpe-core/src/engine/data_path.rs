@@ -11,7 +11,7 @@ use crate::config::{READAHEAD_BYTES, READAHEAD_TRIGGER};
 use crate::counters::Counters;
 use crate::files::FileHandle;
 use crate::page::{PageKey, Tier};
-use crate::pool::{Frame, Lookup, Ticket};
+use crate::pool::{Frame, LoadSource, Lookup, Ticket};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
@@ -72,7 +72,7 @@ impl Engine {
                 let frame = self.frame(key, buf, started, false);
                 return Ok(self
                     .pool
-                    .finish_load(ticket, frame, self)
+                    .finish_load(ticket, frame, LoadSource::Extension, self)
                     .then_some(PageRead {
                         tier: Tier::Extension,
                         len: buf.len(),
@@ -96,7 +96,10 @@ impl Engine {
             return Ok(Some(read));
         }
         let frame = self.frame(key, buf, started, false);
-        Ok(self.pool.finish_load(ticket, frame, self).then_some(read))
+        Ok(self
+            .pool
+            .finish_load(ticket, frame, LoadSource::DataFile, self)
+            .then_some(read))
     }
 
     fn frame(&self, key: PageKey, data: &[u8], started: Instant, prefetched: bool) -> Frame {
@@ -125,46 +128,54 @@ impl Engine {
         let got = match file.data.read_at(offset, &mut chunk) {
             Ok(n) => n,
             Err(e) => {
-                tickets.into_iter().for_each(|t| self.pool.abort(t));
+                tickets
+                    .into_iter()
+                    .flatten()
+                    .for_each(|t| self.pool.abort(t));
                 return Err(e);
             }
         };
-        let pages_read = got.div_ceil(page_size) as u64;
-        self.counters.page_reads.fetch_add(pages_read, Relaxed);
         buf.copy_from_slice(&chunk[..page_size]);
         let mut fetched = 0;
         for (i, ticket) in tickets.into_iter().enumerate() {
+            let Some(ticket) = ticket else {
+                continue; // cached already: these bytes were read only to keep the request whole
+            };
             let part = &chunk[(i + 1) * page_size..(i + 2) * page_size];
             if (i + 2) * page_size <= got {
                 let frame = self.frame(ticket.key, part, started, true);
-                self.pool.finish_load(ticket, frame, self);
+                self.pool
+                    .finish_load(ticket, frame, LoadSource::DataFile, self);
                 fetched += 1;
             } else {
                 self.pool.abort(ticket);
             }
         }
+        self.counters.page_reads.fetch_add(1 + fetched, Relaxed);
         self.counters.readahead_pages.fetch_add(fetched, Relaxed);
-        file.readahead.fetched_until(key.page + 1 + fetched);
+        file.readahead
+            .fetched_until(key.page + got.div_ceil(page_size) as u64);
         Ok(got.min(page_size))
     }
 
-    /// Loader tickets for the run of uncached pages after `key`, within the readahead window
-    /// and the file.
+    /// Loader tickets for the pages after `key` within the readahead window and the file, one
+    /// per page, None for a page cached or being loaded already (SQLite's interior b-tree pages
+    /// sit between runs of leaves and are usually cached: reading over them keeps the request
+    /// whole). Ends at the last page that needs loading.
     fn prefetch_tickets(
         &self,
         file: &FileHandle,
         key: PageKey,
         page_size: usize,
-    ) -> Result<Vec<Ticket>> {
+    ) -> Result<Vec<Option<Ticket>>> {
         let window = (READAHEAD_BYTES / page_size).max(READAHEAD_TRIGGER as usize) as u64;
         let file_pages = file.data.size()? / page_size as u64;
         let end = (key.page + window).min(file_pages);
-        let mut tickets = Vec::new();
-        for page in key.page + 1..end {
-            match self.pool.try_prefetch(PageKey::new(key.file, page)) {
-                Some(t) => tickets.push(t),
-                None => break,
-            }
+        let mut tickets: Vec<Option<Ticket>> = (key.page + 1..end)
+            .map(|page| self.pool.try_prefetch(PageKey::new(key.file, page)))
+            .collect();
+        while tickets.last().is_some_and(Option::is_none) {
+            tickets.pop();
         }
         Ok(tickets)
     }

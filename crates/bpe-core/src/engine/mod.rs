@@ -159,7 +159,13 @@ impl Engine {
     }
 }
 
-/// Pages leaving L1 are offered to L2 (under their shard lock: see pool::EvictionSink).
+/// L2's only inputs, both called under the page's L1 shard lock (see pool::EvictionSink).
+///
+/// A page is offered to L2 as soon as it is read from the data file, and again when it leaves
+/// L1 (then only if it was rewritten since, as L2 skips a page it holds unchanged). Admitting at
+/// load puts the L2 write where the query already paid a slow-disk read, and spares the hot
+/// phase that follows: L2 hits then evict L1 pages that L2 already holds, and its reads do not
+/// share the SSD with a burst of first admissions.
 impl EvictionSink for Engine {
     fn evicted(&self, frame: &Arc<Frame>) {
         Counters::bump(&self.counters.lazy_writes);
@@ -167,6 +173,12 @@ impl EvictionSink for Engine {
             &self.counters.l1_residence_ms,
             self.now_ms().saturating_sub(frame.loaded_ms),
         );
+        if let Some(ext) = self.extension.read().as_ref() {
+            ext.admit(frame);
+        }
+    }
+
+    fn loaded_from_disk(&self, frame: &Arc<Frame>) {
         if let Some(ext) = self.extension.read().as_ref() {
             ext.admit(frame);
         }

@@ -125,7 +125,7 @@ impl Extension {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// Offers a clean page leaving RAM. Never blocks: if the writer is behind, the page is
+    /// Offers a clean page (just read from the data file, or leaving RAM). Never blocks: if the writer is behind, the page is
     /// simply not admitted. A page whose unchanged copy is already here is not written again.
     pub fn admit(&self, frame: &Arc<Frame>) {
         if self.failed.load(Relaxed) || self.stopping.load(Relaxed) {

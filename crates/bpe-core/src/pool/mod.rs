@@ -27,10 +27,20 @@ struct Shard {
     pending: HashMap<PageKey, Arc<Pending>, PageKeyHash>,
 }
 
-/// Receives frames leaving L1, while the frame's shard is still locked so that no write to the
-/// page can start until the sink has done its bookkeeping (this is what keeps L2 free of stale pages).
+/// Receives frames leaving L1, and frames just read from the data file, while the frame's shard
+/// is still locked so that no write to the page can start until the sink has done its
+/// bookkeeping (this is what keeps L2 free of stale pages).
 pub trait EvictionSink {
     fn evicted(&self, frame: &Arc<Frame>);
+    /// A page read from the data file was installed: what L1 now holds is the file's content.
+    fn loaded_from_disk(&self, _frame: &Arc<Frame>) {}
+}
+
+/// Where the bytes of a finished load came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadSource {
+    DataFile,
+    Extension,
 }
 
 /// The outcome of looking a page up.
@@ -105,8 +115,14 @@ impl BufferPool {
 
     /// Installs a loaded page unless a write to it started meanwhile. Returns whether it was
     /// installed; when not, the caller's bytes may predate that write and must be read again.
-    pub fn finish_load(&self, ticket: Ticket, frame: Frame, sink: &dyn EvictionSink) -> bool {
-        self.release(&ticket, Some(frame), sink)
+    pub fn finish_load(
+        &self,
+        ticket: Ticket,
+        frame: Frame,
+        source: LoadSource,
+        sink: &dyn EvictionSink,
+    ) -> bool {
+        self.release(&ticket, Some(frame), Some(source), sink)
     }
 
     /// Gives up a load (the I/O failed): nothing is cached, waiters retry.
@@ -143,12 +159,18 @@ impl BufferPool {
 
     /// Ends a write: installs the new clean copy (if given) and wakes readers.
     pub fn finish_write(&self, ticket: Ticket, frame: Option<Frame>, sink: &dyn EvictionSink) {
-        self.release(&ticket, frame, sink);
+        self.release(&ticket, frame, None, sink);
     }
 
     /// Ends a ticket, installing `frame` unless the ticket was invalidated. Returns whether the
     /// frame was installed.
-    fn release(&self, ticket: &Ticket, frame: Option<Frame>, sink: &dyn EvictionSink) -> bool {
+    fn release(
+        &self,
+        ticket: &Ticket,
+        frame: Option<Frame>,
+        loaded_from: Option<LoadSource>,
+        sink: &dyn EvictionSink,
+    ) -> bool {
         let frame = frame.and_then(|f| {
             let f = Arc::new(f);
             self.make_room(f.charge(), sink).then_some(f)
@@ -165,6 +187,9 @@ impl BufferPool {
             self.live_frames.fetch_add(1, Relaxed);
             if let Some(old) = shard.frames.insert(ticket.key, f.clone()) {
                 self.forget(&old);
+            }
+            if loaded_from == Some(LoadSource::DataFile) {
+                sink.loaded_from_disk(f);
             }
         }
         drop(shard);
