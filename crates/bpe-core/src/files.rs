@@ -18,7 +18,10 @@ pub struct CachedFile {
     pub data: DataFile,
     identity: FileIdentity,
     page_size: AtomicUsize,
+    /// Sequential runs of data-file misses.
     pub readahead: SequentialDetector,
+    /// Sequential runs of extension hits (pages evicted in scan order sit in consecutive slots).
+    pub extension_readahead: SequentialDetector,
 }
 
 impl CachedFile {
@@ -105,6 +108,7 @@ impl FileRegistry {
             identity,
             page_size: AtomicUsize::new(page_size),
             readahead: SequentialDetector::default(),
+            extension_readahead: SequentialDetector::default(),
         });
         self.by_identity.insert(identity, (handle.clone(), 1));
         Ok(handle)

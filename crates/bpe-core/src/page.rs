@@ -42,7 +42,7 @@ impl std::hash::Hasher for PageKeyHasher {
 pub type PageKeyHash = std::hash::BuildHasherDefault<PageKeyHasher>;
 
 /// Where a read was served from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Tier {
     /// L1: the RAM buffer pool.
     Memory,

@@ -362,3 +362,36 @@ fn a_sequential_scan_keeps_its_readahead_across_pages_already_cached() {
         "{requests} data-file requests for {loaded_by_scan} pages"
     );
 }
+
+#[test]
+fn a_scan_served_by_the_extension_reads_consecutive_slots_ahead() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 600, PAGE);
+    let engine = engine(512 << 10); // ~120 pages of RAM
+    let f = engine.open_file(&path, PAGE).unwrap();
+    engine
+        .enable_extension(&dir.path().join("ext.bpe"), 8 << 20)
+        .unwrap();
+    // The first scan admits pages to L2 as it reads them: in scan order, into consecutive slots.
+    for p in 0..600 {
+        read(&engine, &f, p);
+    }
+    assert!(engine.wait_for_extension_writes(WAIT));
+    let reads_before = engine.counters().ext_page_reads;
+    let mut tiers = std::collections::HashMap::new();
+    for p in 0..600 {
+        let (bytes, tier) = read(&engine, &f, p);
+        assert_eq!(decode(&bytes), Some((p, 0)));
+        *tiers.entry(tier).or_insert(0) += 1;
+    }
+    let from_data = tiers.get(&Tier::DataFile).copied().unwrap_or(0);
+    let from_ext_one_by_one = tiers.get(&Tier::Extension).copied().unwrap_or(0);
+    assert_eq!(from_data, 0, "{tiers:?}");
+    // A page that came by L2 readahead is an L1 hit when the scan reaches it.
+    assert!(
+        from_ext_one_by_one <= 40,
+        "{from_ext_one_by_one} pages were read from L2 one at a time ({tiers:?})"
+    );
+    let ext_reads = engine.counters().ext_page_reads - reads_before;
+    assert!(ext_reads >= 480, "{ext_reads} pages came from L2");
+}

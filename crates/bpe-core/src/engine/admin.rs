@@ -210,6 +210,9 @@ impl Engine {
         }
         log::warn!("buffer pool extension disabled itself: {reason}");
         *self.extension.write() = None;
+        // The file goes now, so that the operator can enable again at once at the same path;
+        // the writer is joined elsewhere, as this may be the writer's own thread.
+        ext.remove_file_only();
         let ext = ext.clone();
         std::thread::spawn(move || ext.shutdown());
         self.pool.set_target(self.max_memory(), self);

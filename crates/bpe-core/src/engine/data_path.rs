@@ -9,6 +9,7 @@
 use super::Engine;
 use crate::config::{READAHEAD_BYTES, READAHEAD_TRIGGER};
 use crate::counters::Counters;
+use crate::extension::Extension;
 use crate::files::FileHandle;
 use crate::page::{PageKey, Tier};
 use crate::pool::{Frame, LoadSource, Lookup, Ticket};
@@ -70,6 +71,9 @@ impl Engine {
         if let Some(ext) = self.current_extension() {
             if ext.read(key, buf) {
                 let frame = self.frame(key, buf, started, false);
+                if self.config.readahead && file.extension_readahead.on_miss(key.page) {
+                    self.extension_readahead(file, &ext, key, buf.len());
+                }
                 return Ok(self
                     .pool
                     .finish_load(ticket, frame, LoadSource::Extension, self)
@@ -100,6 +104,38 @@ impl Engine {
             .pool
             .finish_load(ticket, frame, LoadSource::DataFile, self)
             .then_some(read))
+    }
+
+    /// On a sequential run of L2 hits, loads the pages after `key` that L2 holds in the slots
+    /// after its own, in one request, as prefetched frames.
+    fn extension_readahead(
+        &self,
+        file: &FileHandle,
+        ext: &Extension,
+        key: PageKey,
+        page_size: usize,
+    ) {
+        let started = Instant::now();
+        let window = (READAHEAD_BYTES / page_size).max(READAHEAD_TRIGGER as usize) as u64;
+        let tickets: Vec<Ticket> = (key.page + 1..key.page + window)
+            .map_while(|page| self.pool.try_prefetch(PageKey::new(key.file, page)))
+            .collect();
+        let keys: Vec<PageKey> = tickets.iter().map(|t| t.key).collect();
+        let pages = ext.read_run(key, &keys, page_size);
+        let mut fetched = 0;
+        for (i, ticket) in tickets.into_iter().enumerate() {
+            match pages.get(i) {
+                Some(bytes) => {
+                    let frame = self.frame(ticket.key, bytes, started, true);
+                    self.pool
+                        .finish_load(ticket, frame, LoadSource::Extension, self);
+                    fetched += 1;
+                }
+                None => self.pool.abort(ticket),
+            }
+        }
+        file.extension_readahead
+            .fetched_until(key.page + 1 + fetched);
     }
 
     fn frame(&self, key: PageKey, data: &[u8], started: Instant, prefetched: bool) -> Frame {

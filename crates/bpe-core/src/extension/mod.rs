@@ -201,6 +201,62 @@ impl Extension {
         }
     }
 
+    /// Reads the pages of `keys` that sit in the slots right after `after`'s, in one request:
+    /// a scan over pages that were admitted in scan order. Returns the verified pages of the
+    /// longest such run (a prefix of `keys`), each `page_len` bytes; a page that fails its
+    /// checksum ends the run there, as a plain miss (its slot may have been recycled meanwhile).
+    pub fn read_run(&self, after: PageKey, keys: &[PageKey], page_len: usize) -> Vec<Vec<u8>> {
+        if self.failed.load(Relaxed) || keys.is_empty() || page_len > self.slot_size {
+            return Vec::new();
+        }
+        let run: Vec<(u32, u32)> = {
+            let t = self.tables.read();
+            let Some((first, _)) = t.index.lookup(after) else {
+                return Vec::new();
+            };
+            keys.iter()
+                .map(|&k| t.index.lookup(k))
+                .enumerate()
+                .map_while(|(i, found)| found.filter(|(slot, _)| *slot == first + 1 + i as u32))
+                .collect()
+        };
+        let Some(&(start, _)) = run.first() else {
+            return Vec::new();
+        };
+        let mut block = AlignedBuf::new(self.slot_size * run.len());
+        self.counters.ext_outstanding_io.fetch_add(1, Relaxed);
+        let res = self
+            .file
+            .read_at(start as u64 * self.slot_size as u64, &mut block[..]);
+        self.counters.ext_outstanding_io.fetch_sub(1, Relaxed);
+        if let Err(e) = res {
+            Counters::bump(&self.counters.ext_io_errors);
+            self.fault(format!("read error: {e}"));
+            return Vec::new();
+        }
+        let mut pages = Vec::with_capacity(run.len());
+        for (i, &(slot, crc)) in run.iter().enumerate() {
+            let page = &block[i * self.slot_size..i * self.slot_size + page_len];
+            if crc32c::crc32c(page) != crc {
+                if self.drop_entry(keys[i], slot, crc) {
+                    Counters::bump(&self.counters.ext_checksum_failures);
+                    self.fault(format!("checksum mismatch in slot {slot}"));
+                }
+                break;
+            }
+            pages.push(page.to_vec());
+        }
+        if !pages.is_empty() {
+            self.consecutive_faults.store(0, Relaxed);
+            self.counters
+                .ext_page_reads
+                .fetch_add(pages.len() as u64, Relaxed);
+            self.region_last_ref[(start / self.slots_per_region) as usize]
+                .store(self.now_ms(), Relaxed);
+        }
+        pages
+    }
+
     /// Removes the entry if it still is (slot, crc). Returns whether it was.
     fn drop_entry(&self, key: PageKey, slot: u32, crc: u32) -> bool {
         let mut t = self.tables.write();
