@@ -119,6 +119,9 @@ pub struct Counters {
     pub ext_bytes_written: u64,
     pub ext_admissions_dropped: u64,
     pub ext_checksum_failures: u64,
+    /// Times a file's cached pages were all dropped because it changed under the engine.
+    #[serde(default)]
+    pub file_invalidations: u64,
     /// Cumulative since the engine started (the core keeps no per-phase figure).
     pub ext_sequential_write_percent: u64,
     pub hit_ratio_percent: f64,
@@ -149,6 +152,7 @@ impl Counters {
             ext_bytes_written: d(a.ext_bytes_written, b.ext_bytes_written),
             ext_admissions_dropped: d(a.ext_admissions_dropped, b.ext_admissions_dropped),
             ext_checksum_failures: d(a.ext_checksum_failures, b.ext_checksum_failures),
+            file_invalidations: d(a.file_invalidations, b.file_invalidations),
             ext_sequential_write_percent: b.ext_sequential_write_percent,
             hit_ratio_percent: if lookups == 0 {
                 100.0
