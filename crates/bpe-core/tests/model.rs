@@ -13,17 +13,44 @@ const PAGES: u64 = 160;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Read { file: usize, page: u64 },
-    Write { file: usize, page: u64 },
-    SetMemory { kib: u64 },
-    Enable { mib: u64 },
+    Read {
+        file: usize,
+        page: u64,
+    },
+    /// Reads `len` pages in order from `from`: the readahead paths (data file and extension).
+    Scan {
+        file: usize,
+        from: u64,
+        len: u64,
+    },
+    Write {
+        file: usize,
+        page: u64,
+    },
+    SetMemory {
+        kib: u64,
+    },
+    Enable {
+        mib: u64,
+    },
     Disable,
-    Resize { mib: u64 },
+    Resize {
+        mib: u64,
+    },
     DropCleanBuffers,
-    Truncate { file: usize, pages: u64 },
-    FailExtensionReads { n: u32 },
-    FailExtensionWrites { n: u32 },
-    CorruptExtensionReads { n: u32 },
+    Truncate {
+        file: usize,
+        pages: u64,
+    },
+    FailExtensionReads {
+        n: u32,
+    },
+    FailExtensionWrites {
+        n: u32,
+    },
+    CorruptExtensionReads {
+        n: u32,
+    },
     SettleWriter,
 }
 
@@ -31,6 +58,8 @@ fn op() -> impl Strategy<Value = Op> {
     let file = 0..FILES;
     prop_oneof![
         30 => (file.clone(), 0..PAGES).prop_map(|(file, page)| Op::Read { file, page }),
+        4 => (file.clone(), 0..PAGES, 4u64..120)
+            .prop_map(|(file, from, len)| Op::Scan { file, from, len }),
         10 => (file.clone(), 0..PAGES + 8).prop_map(|(file, page)| Op::Write { file, page }),
         2 => (256u64..1024).prop_map(|kib| Op::SetMemory { kib }),
         3 => (2u64..6).prop_map(|mib| Op::Enable { mib }),
@@ -81,8 +110,15 @@ impl World {
     }
 
     fn apply(&mut self, op: &Op) {
+        if let Op::Scan { file, from, len } = *op {
+            for page in from..(from + len).min(PAGES + 8) {
+                self.apply(&Op::Read { file, page });
+            }
+            return;
+        }
         let e = &self.engine;
         match *op {
+            Op::Scan { .. } => unreachable!("handled above"),
             Op::Read { file, page } => {
                 let mut buf = vec![0u8; PAGE];
                 let r = e.read_page(&self.files[file], page, &mut buf).unwrap();
