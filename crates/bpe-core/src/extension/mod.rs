@@ -135,8 +135,13 @@ impl Extension {
             Counters::bump(&self.counters.ext_admissions_dropped);
             return;
         }
+        let held = |t: &Tables| t.index.contains(frame.key) || t.staged.contains_key(&frame.key);
+        // Most offers at eviction are of pages admitted at load: a shared lock answers them.
+        if held(&self.tables.read()) {
+            return;
+        }
         let mut t = self.tables.write();
-        if t.index.contains(frame.key) || t.staged.contains_key(&frame.key) {
+        if held(&t) {
             return;
         }
         let seq = self.next_seq.fetch_add(1, Relaxed);
