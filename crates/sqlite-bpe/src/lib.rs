@@ -44,9 +44,14 @@ fn install_process_wide() -> Result<(), String> {
             let engine = engine();
             if let Some((path, size)) = extension {
                 if engine.extension_status().path.is_none() {
-                    engine
-                        .enable_extension(&path, size)
-                        .map_err(|e| format!("BPE_EXTENSION_FILE: {e}"))?;
+                    // A cache tier that cannot start costs speed, not availability: the VFS is
+                    // registered anyway, and the reason is logged and kept in the status
+                    // (bpe_extension_configuration.last_failure).
+                    if let Err(e) = engine.enable_extension(&path, size) {
+                        let reason = format!("BPE_EXTENSION_FILE: {e}");
+                        api::log(libsqlite3_sys::SQLITE_WARNING, &reason);
+                        engine.note_extension_failure(reason);
+                    }
                 }
             }
             vfs::register()?;

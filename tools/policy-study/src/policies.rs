@@ -2,7 +2,7 @@
 //! (bpe_core::pool::BufferPool) driven through its public API; the others are textbook
 //! implementations kept here only as yardsticks.
 
-use bpe_core::pool::{BufferPool, EvictionSink, Frame, Lookup};
+use bpe_core::pool::{BufferPool, EvictionSink, Frame, LoadSource, Lookup};
 use bpe_core::PageKey;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -184,7 +184,8 @@ impl Policy for Ours {
             }
             Lookup::Load(ticket) => {
                 let frame = Frame::new(key, vec![0u8; self.page_size].into(), 0, 0, false);
-                self.pool.finish_load(ticket, frame, &NoSink);
+                self.pool
+                    .finish_load(ticket, frame, LoadSource::DataFile, &NoSink);
                 false
             }
             Lookup::Wait(_) => unreachable!("single-threaded replay"),

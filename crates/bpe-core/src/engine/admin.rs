@@ -194,8 +194,28 @@ impl Engine {
         // Validate the new size before touching the old extension (its path exists now, so the
         // path rules are checked again by enable_locked once the old file is gone).
         self.validate_extension_size(size)?;
+        let old_size = self.extension_status().size_bytes;
         self.disable_locked();
-        self.enable_locked(&path, size)
+        let Err(e) = self.enable_locked(&path, size) else {
+            return Ok(());
+        };
+        // Refused (say, the disk is full): put back an extension of the old size, whose space
+        // was just freed, so that a refused resize changes nothing but the contents.
+        if let Err(again) = self.enable_locked(&path, old_size) {
+            log::warn!(
+                "buffer pool extension could not be restored after a failed resize: {again}"
+            );
+            self.status.lock().last_failure = Some(format!(
+                "resize to {size} bytes failed ({e}) and the old size could not be restored ({again})"
+            ));
+        }
+        Err(e)
+    }
+
+    /// Records why the extension is not on when configuration outside SQL asked for it (the
+    /// host keeps working without it; the reason shows in the status).
+    pub fn note_extension_failure(&self, reason: String) {
+        self.status.lock().last_failure = Some(reason);
     }
 
     /// Called when the extension gave up after repeated faults: the engine keeps serving from

@@ -122,6 +122,8 @@ impl Writer {
             }
         }
         drop(t);
+        // Faults must be consecutive to disable the extension: a good write ends a streak.
+        ext.consecutive_faults.store(0, Relaxed);
         let c = &ext.counters;
         c.ext_page_writes.fetch_add(n as u64, Relaxed);
         c.ext_bytes_written.fetch_add(bytes as u64, Relaxed);

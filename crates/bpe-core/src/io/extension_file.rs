@@ -1,6 +1,12 @@
 //! The extension file on fast local storage: created exclusively (never clobbering, never
 //! following a symlink, mode 0600 because it holds database pages in the clear), preallocated,
 //! and accessed with O_DIRECT.
+//!
+//! A process killed while its extension is on leaves the file behind. Such a file is recognised
+//! and replaced, as SQL Server recreates its extension file at startup: it carries our extended
+//! attribute, belongs to this user with mode 0600, and no live process holds the OFD lock that
+//! every enabled extension holds on its byte 0 (the kernel drops it with the last descriptor).
+//! Any other file at the path is refused and left untouched.
 
 use super::data_file::read_full;
 use super::faults::FaultInjector;
@@ -43,6 +49,11 @@ pub fn validate_path(path: &Path) -> Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => Err(bad(path, "it is a directory")),
         Ok(m) if m.file_type().is_symlink() => Err(bad(path, "it is a symbolic link")),
+        Ok(_) if stale_extension(path).is_some() => Ok(()), // replaced by create()
+        Ok(_) if held_by_live_extension(path) => Err(bad(
+            path,
+            "another process's buffer pool extension is using it",
+        )),
         Ok(_) => Err(bad(
             path,
             "a file already exists there; the extension never overwrites a file",
@@ -56,6 +67,13 @@ impl ExtensionFile {
     /// Creates and preallocates the file. On any failure nothing is left behind.
     pub fn create(path: &Path, size: u64, faults: Arc<FaultInjector>) -> Result<ExtensionFile> {
         validate_path(path)?;
+        if let Some((dev, ino)) = stale_extension(path) {
+            log::warn!(
+                "replacing the buffer pool extension file {} left by a process that ended without removing it",
+                path.display()
+            );
+            remove_if_same(path, dev, ino);
+        }
         let create_err = |source| Error::ExtensionCreate {
             path: path.to_path_buf(),
             source,
@@ -77,11 +95,31 @@ impl ExtensionFile {
             faults,
         };
         // From here on the file is ours: remove it if the rest fails.
+        ext.mark_ours();
         if let Err(e) = ext.set_direct().and_then(|_| ext.preallocate(size)) {
             ext.remove();
             return Err(e);
         }
         Ok(ext)
+    }
+
+    /// Tags the file and takes the lock that tells a live extension from a stale one. Both are
+    /// best effort: without them a left-over file is merely refused instead of replaced.
+    fn mark_ours(&self) {
+        let fd = self.file.as_raw_fd();
+        // SAFETY: fd is open for the call; name and value are valid for their lengths.
+        unsafe {
+            libc::fsetxattr(
+                fd,
+                MARK_NAME.as_ptr(),
+                MARK_VALUE.as_ptr() as *const libc::c_void,
+                MARK_VALUE.len(),
+                0,
+            )
+        };
+        let fl = lock_request(libc::F_WRLCK);
+        // SAFETY: fd is open (read-write) for the life of self.file; fl is a valid flock.
+        unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &fl) };
     }
 
     fn set_direct(&self) -> Result<()> {
@@ -146,10 +184,90 @@ impl ExtensionFile {
 
     /// Deletes the file, but only if the path still names our inode: never a file that is not ours.
     pub fn remove(&self) {
-        if let Ok(m) = std::fs::symlink_metadata(&self.path) {
-            if m.dev() == self.dev && m.ino() == self.ino {
-                let _ = std::fs::remove_file(&self.path);
-            }
+        remove_if_same(&self.path, self.dev, self.ino);
+    }
+}
+
+const MARK_NAME: &std::ffi::CStr = c"user.sqlite-bpe";
+const MARK_VALUE: &[u8] = b"buffer pool extension";
+
+fn lock_request(kind: libc::c_int) -> libc::flock {
+    // SAFETY: flock is plain data; zeroed is a valid value to fill in.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    fl.l_start = 0;
+    fl.l_len = 1;
+    fl
+}
+
+fn remove_if_same(path: &Path, dev: u64, ino: u64) {
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if m.dev() == dev && m.ino() == ino {
+            let _ = std::fs::remove_file(path);
         }
     }
+}
+
+/// What a file at `path` is, as far as extensions go.
+enum Found {
+    /// Ours, and no live process holds it: (dev, ino).
+    Stale(u64, u64),
+    /// Ours, and a live process's extension holds it.
+    Live,
+    Foreign,
+}
+
+fn inspect(path: &Path) -> Found {
+    let Ok(file) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return Found::Foreign;
+    };
+    let Ok(m) = file.metadata() else {
+        return Found::Foreign;
+    };
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if !m.is_file() || m.uid() != uid || m.mode() & 0o7777 != 0o600 {
+        return Found::Foreign;
+    }
+    let fd = file.as_raw_fd();
+    let mut value = [0u8; 64];
+    // SAFETY: fd is open for the call; value is writable for its length.
+    let n = unsafe {
+        libc::fgetxattr(
+            fd,
+            MARK_NAME.as_ptr(),
+            value.as_mut_ptr() as *mut libc::c_void,
+            value.len(),
+        )
+    };
+    if n < 0 || &value[..n as usize] != MARK_VALUE {
+        return Found::Foreign;
+    }
+    let mut fl = lock_request(libc::F_WRLCK);
+    // SAFETY: fd is open for the call; fl is a valid flock that F_OFD_GETLK fills in.
+    if unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut fl) } != 0 {
+        return Found::Foreign;
+    }
+    if fl.l_type as libc::c_int == libc::F_UNLCK {
+        Found::Stale(m.dev(), m.ino())
+    } else {
+        Found::Live
+    }
+}
+
+/// An extension file whose process is gone: (dev, ino) to remove it by.
+fn stale_extension(path: &Path) -> Option<(u64, u64)> {
+    match inspect(path) {
+        Found::Stale(dev, ino) => Some((dev, ino)),
+        _ => None,
+    }
+}
+
+fn held_by_live_extension(path: &Path) -> bool {
+    matches!(inspect(path), Found::Live)
 }
