@@ -44,7 +44,8 @@ pub struct Extension {
     slots: u32,
     tables: RwLock<Tables>,
     staging: Sender<Staged>,
-    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Signals once when the background writer has stopped.
+    writer_done: Mutex<Option<crossbeam_channel::Receiver<()>>>,
     stopping: Arc<AtomicBool>,
     next_seq: AtomicU64,
     consecutive_faults: AtomicU32,
@@ -86,7 +87,7 @@ impl Extension {
                 staged: HashMap::new(),
             }),
             staging: tx,
-            writer: Mutex::new(None),
+            writer_done: Mutex::new(None),
             stopping: Arc::new(AtomicBool::new(false)),
             next_seq: AtomicU64::new(1),
             consecutive_faults: AtomicU32::new(0),
@@ -97,8 +98,8 @@ impl Extension {
             counters,
             epoch,
         });
-        let handle = writer::spawn(ext.clone(), rx);
-        *ext.writer.lock() = Some(handle);
+        let done = writer::spawn(ext.clone(), rx);
+        *ext.writer_done.lock() = Some(done);
         Ok(ext)
     }
 
@@ -319,8 +320,17 @@ impl Extension {
     /// Stops admitting, waits for the writer's batch in flight, and deletes the file.
     pub fn shutdown(&self) {
         self.stopping.store(true, Relaxed);
-        if let Some(h) = self.writer.lock().take() {
-            let _ = h.join();
+        if let Some(done) = self.writer_done.lock().take() {
+            // The writer checks `stopping` between batches: well under a second.
+            match done.recv_timeout(std::time::Duration::from_secs(10)) {
+                Ok(()) => {}
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    log::error!("buffer pool extension writer did not stop within 10 s")
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    log::error!("buffer pool extension writer ended abnormally")
+                }
+            }
         }
         self.file.remove();
     }

@@ -17,11 +17,19 @@ use std::time::Duration;
 const GATHER: Duration = Duration::from_millis(2);
 const POLL: Duration = Duration::from_millis(50);
 
-pub(super) fn spawn(ext: Arc<Extension>, rx: Receiver<Staged>) -> std::thread::JoinHandle<()> {
+/// Starts the writer. The receiver it returns yields once, when the writer has stopped.
+pub(super) fn spawn(ext: Arc<Extension>, rx: Receiver<Staged>) -> Receiver<()> {
+    let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+    // Detached: shutdown waits for `done` (with a deadline) rather than joining, so that an
+    // operator's OFF or resize can never hang on the thread's exit.
     std::thread::Builder::new()
         .name("bpe-extension-writer".into())
-        .spawn(move || Writer::new(ext).run(rx))
-        .expect("spawn extension writer")
+        .spawn(move || {
+            Writer::new(ext).run(rx);
+            let _ = done_tx.send(());
+        })
+        .expect("spawn extension writer");
+    done_rx
 }
 
 struct Writer {

@@ -1,0 +1,355 @@
+//! Bad operator input, through SQL: every statement (`bpe_exec`) and PRAGMA with wrong values is
+//! an SQL error whose message names the problem (with SQL Server's error number where there is
+//! one), and changes nothing: not the extension, not max server memory, not the memory target, not
+//! a file on disk.
+
+mod common;
+use common::*;
+use rusqlite::Connection;
+use std::path::{Path, PathBuf};
+
+/// Everything a bad call could change.
+#[derive(Debug, PartialEq)]
+struct State {
+    extension: (Option<String>, i64, i64),
+    max_memory_mb: String,
+    target_pages: i64,
+    files: Vec<(PathBuf, u64)>,
+}
+
+fn state(c: &Connection, dir: &Path) -> State {
+    let mut files: Vec<(PathBuf, u64)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| !e.file_name().to_string_lossy().contains("-journal"))
+        .map(|e| (e.path(), e.metadata().map(|m| m.len()).unwrap_or(0)))
+        .collect();
+    files.sort();
+    State {
+        extension: c
+            .query_row(
+                "SELECT path, state, current_size_in_kb FROM bpe_extension_configuration",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap(),
+        max_memory_mb: c
+            .query_row("PRAGMA bpe_max_server_memory_mb", [], |r| r.get(0))
+            .unwrap(),
+        target_pages: counter(c, "Target pages"),
+        files,
+    }
+}
+
+fn exec_err(c: &Connection, statement: &str) -> String {
+    match c.query_row("SELECT bpe_exec(?1)", [statement], |r| {
+        r.get::<_, String>(0)
+    }) {
+        Ok(out) => panic!("{statement:?} was accepted: {out}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn pragma_err(c: &Connection, pragma: &str) -> String {
+    match c.execute_batch(pragma) {
+        Ok(()) => panic!("{pragma:?} was accepted"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn on(path: &str, size: &str) -> String {
+    format!("ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '{path}', SIZE = {size})")
+}
+
+/// Checks every case against `c`, with the state unchanged after each.
+fn check(
+    c: &Connection,
+    dir: &Path,
+    cases: &[(String, &[&str])],
+    run: fn(&Connection, &str) -> String,
+) {
+    let before = state(c, dir);
+    for (input, needles) in cases {
+        let err = run(c, input).to_lowercase();
+        for needle in *needles {
+            assert!(
+                err.contains(&needle.to_lowercase()),
+                "{input:?}: the error '{err}' does not name '{needle}'"
+            );
+        }
+        assert_eq!(state(c, dir), before, "{input:?} changed the state");
+    }
+}
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn bad_statements_and_pragmas_name_the_problem_and_change_nothing() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let d = dir.path();
+    let db = d.join("app.db");
+    let c = open_bpe(&db);
+    c.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+        .unwrap();
+    exec(&c, "EXEC sp_configure 'max server memory (MB)', 64");
+    let ok = |name: &str| d.join(name).display().to_string();
+
+    // Things on disk that an extension must never take.
+    let existing = d.join("existing.bpe");
+    std::fs::write(&existing, b"someone's data").unwrap();
+    std::fs::create_dir(d.join("a-directory")).unwrap();
+    std::os::unix::fs::symlink(d.join("nowhere.bpe"), d.join("dangling.bpe")).unwrap();
+    std::os::unix::fs::symlink(&existing, d.join("to-existing.bpe")).unwrap();
+
+    let size_cases: Vec<(String, &[&str])> = vec![
+        (on(&ok("s.bpe"), "0 MB"), &["size"]),
+        (on(&ok("s.bpe"), "-5 GB"), &["size"]),
+        (on(&ok("s.bpe"), "99999999999999999999 GB"), &["size"]),
+        (on(&ok("s.bpe"), "17179869184 GB"), &["size"]),
+        (on(&ok("s.bpe"), "1.5 GB"), &["size"]),
+        (on(&ok("s.bpe"), "10 XB"), &["unit"]),
+        (on(&ok("s.bpe"), "4096"), &["unit"]),
+        (on(&ok("s.bpe"), "GB"), &["size"]),
+        // SQL Server's rule: the extension must be larger than max server memory (64 MB here).
+        (on(&ok("s.bpe"), "32 MB"), &["868"]),
+        (on(&ok("s.bpe"), "64 MB"), &["868"]),
+        // An index that would not fit its budget (half of max server memory).
+        (on(&ok("s.bpe"), "900000 GB"), &["index memory"]),
+    ];
+    check(&c, d, &size_cases, exec_err);
+    // Larger than the file system holds (with memory enough for its index): the file is
+    // created, refused by fallocate, and removed.
+    exec(&c, "EXEC sp_configure 'max server memory (MB)', 8192");
+    let huge: Vec<(String, &[&str])> = vec![(on(&ok("s.bpe"), "600 GB"), &["s.bpe", "no space"])];
+    check(&c, d, &huge, exec_err);
+    exec(&c, "EXEC sp_configure 'max server memory (MB)', 64");
+
+    let db_path = db.display().to_string();
+    let path_cases: Vec<(String, &[&str])> = vec![
+        (on("relative/ext.bpe", "1 GB"), &["absolute"]),
+        (on("ext.bpe", "1 GB"), &["absolute"]),
+        (on(&ok("missing-dir/ext.bpe"), "1 GB"), &["directory"]),
+        (on(&ok("a-directory"), "1 GB"), &["directory"]),
+        (on(&db_path, "1 GB"), &["exists"]),
+        (on(&existing.display().to_string(), "1 GB"), &["exists"]),
+        (on(&ok("dangling.bpe"), "1 GB"), &["symbolic link"]),
+        (on(&ok("to-existing.bpe"), "1 GB"), &["symbolic link"]),
+        (on("/dev/null", "1 GB"), &["/dev/null"]),
+        (on("/", "1 GB"), &["/"]),
+        (on("", "1 GB"), &["path"]),
+    ];
+    check(&c, d, &path_cases, exec_err);
+    assert_eq!(std::fs::read(&existing).unwrap(), b"someone's data");
+
+    let memory_cases: Vec<(String, &[&str])> = vec![
+        (
+            "EXEC sp_configure 'max server memory (MB)', 0".into(),
+            &["memory"],
+        ),
+        (
+            "EXEC sp_configure 'max server memory (MB)', -1".into(),
+            &["memory"],
+        ),
+        (
+            "EXEC sp_configure 'max server memory (MB)', 1.5".into(),
+            &["memory"],
+        ),
+        (
+            "EXEC sp_configure 'max server memory (MB)', 99999999999999999999".into(),
+            &["memory"],
+        ),
+        // Above this machine's RAM.
+        (
+            "EXEC sp_configure 'max server memory (MB)', 1073741824".into(),
+            &["memory"],
+        ),
+        (
+            "EXEC sp_configure 'max server memory (MB)', 'lots'".into(),
+            &["memory"],
+        ),
+        (
+            "EXEC sp_configure 'min server memory (MB)', 64".into(),
+            &["15123"],
+        ),
+    ];
+    check(&c, d, &memory_cases, exec_err);
+
+    let malformed: Vec<(String, &[&str])> = vec![
+        ("".into(), &["statement"]),
+        ("   ".into(), &["statement"]),
+        (format!("ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '{}', SIZE = 1 GB", ok("m.bpe")), &["102"]),
+        (format!("ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '{}')", ok("m.bpe")), &["size"]),
+        ("ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (SIZE = 1 GB)".into(), &["filename"]),
+        (format!("ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '{}', SIZE = 1 GB, COLOR = 'red')", ok("m.bpe")), &["color"]),
+        (format!("ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '{}', SIZE = 1 GB) please", ok("m.bpe")), &["102"]),
+        ("ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION MAYBE".into(), &["102"]),
+        ("DBCC DROPDIRTYBUFFERS".into(), &["dropdirtybuffers"]),
+        ("SELECT 1".into(), &["select"]),
+        ("EXEC sp_configure 'max server memory (MB)', 64; GARBAGE".into(), &["102"]),
+    ];
+    check(&c, d, &malformed, exec_err);
+
+    // A NULL or a non-text argument.
+    for (arg, needle) in [("NULL", "bpe_exec"), ("42", "'42'"), ("x'00ff'", "")] {
+        let before = state(&c, d);
+        let err = c
+            .query_row(&format!("SELECT bpe_exec({arg})"), [], |r| {
+                r.get::<_, String>(0)
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(needle) && !err.is_empty(),
+            "bpe_exec({arg}): {err}"
+        );
+        println!("bpe_exec({arg}): {err}");
+        assert_eq!(state(&c, d), before);
+    }
+
+    let pragma_cases: Vec<(String, &[&str])> = vec![
+        ("PRAGMA bpe_max_server_memory_mb = 0".into(), &["memory"]),
+        (
+            "PRAGMA bpe_max_server_memory_mb = -3".into(),
+            &["not a whole number"],
+        ),
+        (
+            "PRAGMA bpe_max_server_memory_mb = lots".into(),
+            &["not a whole number"],
+        ),
+        (
+            "PRAGMA bpe_max_server_memory_mb = '1.5'".into(),
+            &["not a whole number"],
+        ),
+        (
+            "PRAGMA bpe_max_server_memory_mb = 1073741824".into(),
+            &["memory"],
+        ),
+        (
+            format!("PRAGMA bpe_extension = '{},0GB'", ok("p.bpe")),
+            &["size"],
+        ),
+        (
+            format!("PRAGMA bpe_extension = '{},64'", ok("p.bpe")),
+            &["unit"],
+        ),
+        (
+            format!("PRAGMA bpe_extension = '{},1.5GB'", ok("p.bpe")),
+            &["size"],
+        ),
+        (
+            format!("PRAGMA bpe_extension = '{},32MB'", ok("p.bpe")),
+            &["868"],
+        ),
+        (
+            "PRAGMA bpe_extension = 'relative.bpe,1GB'".into(),
+            &["absolute"],
+        ),
+        (
+            format!("PRAGMA bpe_extension = '{},1GB'", existing.display()),
+            &["exists"],
+        ),
+        (
+            format!("PRAGMA bpe_extension = '{}'", ok("p.bpe")),
+            &["path,size"],
+        ),
+        ("PRAGMA bpe_extension = ''".into(), &["path,size"]),
+    ];
+    check(&c, d, &pragma_cases, pragma_err);
+
+    // And the same connection still works, and a good call still changes things.
+    let n: i64 = c
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
+    exec(&c, &on(&ok("good.bpe"), "128 MB"));
+    assert!(d.join("good.bpe").exists());
+    exec(
+        &c,
+        "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF",
+    );
+}
+
+#[test]
+fn an_extension_on_a_file_system_without_o_direct_is_refused_and_leaves_nothing() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let mnt = dir.path().join("ramfs");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "ramfs", "ramfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        println!("SKIPPED: cannot mount a ramfs here (needs root)");
+        return;
+    }
+    let c = open_bpe(&dir.path().join("app.db"));
+    exec(&c, "EXEC sp_configure 'max server memory (MB)', 64");
+    let before = state(&c, &mnt);
+    let err = exec_err(&c, &on(&mnt.join("x.bpe").display().to_string(), "256 MB"));
+    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    assert!(err.contains("O_DIRECT"), "{err}");
+    assert_eq!(before.files, Vec::new());
+    assert_eq!(
+        state(&c, dir.path()).extension,
+        before.extension,
+        "the refused extension changed the state"
+    );
+}
+
+#[test]
+fn bad_environment_settings_fail_the_load_naming_the_variable() {
+    if sqlite3_shell().is_none() {
+        println!("SKIPPED: no sqlite3 shell (CI installs it)");
+        return;
+    }
+    let lib = extension_library();
+    let lib = lib.with_extension("");
+    let dir = tempdir();
+    for (var, value, needle) in [
+        (
+            "BPE_MAX_SERVER_MEMORY_MB",
+            "abc",
+            "BPE_MAX_SERVER_MEMORY_MB",
+        ),
+        ("BPE_MAX_SERVER_MEMORY_MB", "0", "BPE_MAX_SERVER_MEMORY_MB"),
+        ("BPE_EXTENSION_SIZE", "12 parsecs", "BPE_EXTENSION_SIZE"),
+        ("BPE_DIRECT_IO", "maybe", "BPE_DIRECT_IO"),
+        ("BPE_READAHEAD", "2", "BPE_READAHEAD"),
+        ("BPE_DATA_IOPS", "-4", "BPE_DATA_IOPS"),
+    ] {
+        let out = std::process::Command::new(sqlite3_shell().unwrap())
+            .arg("-batch")
+            .current_dir(dir.path())
+            .env(var, value)
+            .env(
+                "BPE_EXTENSION_FILE",
+                if var == "BPE_EXTENSION_SIZE" {
+                    "/nonexistent/x.bpe"
+                } else {
+                    ""
+                },
+            )
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write;
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(format!(".load {}\n", lib.display()).as_bytes())?;
+                child.wait_with_output()
+            })
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(needle),
+            "{var}={value}: the load error does not name the variable: {stderr}"
+        );
+    }
+}
