@@ -40,7 +40,7 @@ struct ChildConfig {
 pub fn run(a: OltpArgs) -> anyhow::Result<()> {
     let c = &a.common;
     let warehouses = a.warehouses.unwrap_or(if c.quick { 1 } else { 10 });
-    let seconds = a.seconds.unwrap_or(if c.quick { 8 } else { 120 });
+    let seconds = a.seconds.unwrap_or(if c.quick { 4 } else { 120 });
     let items = a.items.unwrap_or(100_000);
     let storage = Storage::from_args(c, "oltp")?;
     let base = storage
