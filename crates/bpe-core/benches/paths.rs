@@ -85,8 +85,14 @@ fn paths(c: &mut Criterion) {
         })
     });
 
+    // Each engine owns the file it opens (a second one is refused), so each gets its own copy.
+    let copy = |name: &str| {
+        let path = rig.data.with_file_name(name);
+        std::fs::copy(&rig.data, &path).unwrap();
+        path
+    };
     let l2 = engine(1 << 20);
-    let f2 = l2.open_file(&rig.data, PAGE).unwrap();
+    let f2 = l2.open_file(&copy("data-l2"), PAGE).unwrap();
     let ext = rig.data.with_extension("bpe");
     l2.enable_extension(&ext, 64 << 20).unwrap();
     for p in 0..PAGES {
@@ -109,7 +115,7 @@ fn paths(c: &mut Criterion) {
     );
 
     let cold = engine(1 << 20);
-    let f3 = cold.open_file(&rig.data, PAGE).unwrap();
+    let f3 = cold.open_file(&copy("data-cold"), PAGE).unwrap();
     g.bench_function("miss_data_file", |b| {
         b.iter(|| {
             i += 1;
