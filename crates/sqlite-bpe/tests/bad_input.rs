@@ -58,7 +58,7 @@ fn pragma_err(c: &Connection, pragma: &str) -> String {
 }
 
 fn on(path: &str, size: &str) -> String {
-    format!("ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '{path}', SIZE = {size})")
+    extension_on(path, size)
 }
 
 /// Checks every case against `c`, with the state unchanged after each.

@@ -52,18 +52,6 @@ fn serial() -> MutexGuard<'static, ()> {
     guard
 }
 
-fn on_statement(path: &Path, size: &str) -> String {
-    format!(
-        "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '{}', SIZE = {size})",
-        path.display().to_string().replace('\'', "''")
-    )
-}
-
-fn try_exec(conn: &Connection, statement: &str) -> Result<String, String> {
-    conn.query_row("SELECT bpe_exec(?1)", [statement], |r| r.get(0))
-        .map_err(|e| e.to_string())
-}
-
 /// A database with the schema and about 1.2 MB of rows (sequence number 0), made with plain SQLite.
 fn create_db(path: &Path, journal: &str) {
     let c = open_unix(path);
@@ -222,10 +210,10 @@ fn child_work() {
         let c = Connection::open_in_memory().unwrap();
         let mut rng = StdRng::seed_from_u64(seed ^ 0xadd);
         let script = [
-            on_statement(&ext, "6 MB"),
-            on_statement(&ext, "4 MB"),
+            extension_on(ext.display(), "6 MB"),
+            extension_on(ext.display(), "4 MB"),
             "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF".to_string(),
-            on_statement(&ext, "4 MB"),
+            extension_on(ext.display(), "4 MB"),
             "DBCC DROPCLEANBUFFERS".to_string(),
         ];
         for statement in script.iter().cycle() {
@@ -598,7 +586,7 @@ fn check_stale_extension_is_replaced(admin: &Connection, ext: &Path) {
         "the extension holds pages in the clear: it must be private"
     );
     let bytes = std::fs::read(ext).unwrap();
-    match try_exec(admin, &on_statement(ext, EXT_SIZE)) {
+    match try_exec(admin, &extension_on(ext.display(), EXT_SIZE)) {
         Ok(out) => {
             assert!(out.contains("enabled"), "{out}");
             // A fresh, preallocated file: nothing of the old contents (this connection has no
@@ -655,7 +643,7 @@ fn an_extension_file_left_by_a_killed_process_is_replaced_and_a_live_one_refused
 
     // While its process lives, the file is another extension's: refused, untouched.
     let live = std::fs::read(&ext).unwrap();
-    let err = try_exec(&admin, &on_statement(&ext, EXT_SIZE)).unwrap_err();
+    let err = try_exec(&admin, &extension_on(ext.display(), EXT_SIZE)).unwrap_err();
     assert!(err.contains("another process"), "{err}");
     assert!(
         std::fs::read(&ext).unwrap() == live,
@@ -697,7 +685,7 @@ fn an_extension_file_left_by_a_killed_process_is_replaced_and_a_live_one_refused
             && lines.iter().any(|l| l.ends_with("OPEN OK 1")),
         "a refused extension must not take bpe down: {lines:?} {stderr}"
     );
-    let err = try_exec(&admin, &on_statement(&ext, EXT_SIZE)).unwrap_err();
+    let err = try_exec(&admin, &extension_on(ext.display(), EXT_SIZE)).unwrap_err();
     assert!(err.contains("already exists"), "{err}");
     assert_eq!(std::fs::read(&ext).unwrap(), b"not an extension");
 }

@@ -59,17 +59,8 @@ fn expected_payload(id: i64) -> Vec<u8> {
     rows::payload(id as u64, 200 + (id as usize * 37) % 600)
 }
 
-/// Runs an operator statement; the error message if it fails.
-fn try_exec(conn: &Connection, statement: &str) -> Result<String, String> {
-    conn.query_row("SELECT bpe_exec(?1)", [statement], |r| r.get(0))
-        .map_err(|e| e.to_string())
-}
-
 fn on_statement(path: &Path, mb: u64) -> String {
-    format!(
-        "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '{}', SIZE = {mb} MB)",
-        path.display().to_string().replace('\'', "''")
-    )
+    extension_on(path.display(), &format!("{mb} MB"))
 }
 
 /// (state_description, last_failure) as an operator reads them.

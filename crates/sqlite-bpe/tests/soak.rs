@@ -181,16 +181,14 @@ fn readers_a_writer_and_an_operator_loop_keep_every_row_and_the_memory_bound() {
         });
         s.spawn(move || {
             let c = connect(db);
-            let on = |mb: u64| {
-                format!(
-                    "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '{}', SIZE = {mb} MB)",
-                    ext.display()
-                )
-            };
+            let on = |mb: u64| extension_on(ext.display(), &format!("{mb} MB"));
             let mut rng = rand::rngs::StdRng::seed_from_u64(7);
             while !stop.load(Ordering::Relaxed) {
                 let memory = rng.gen_range(2..=MAX_MEMORY_MB);
-                exec(&c, &format!("EXEC sp_configure 'max server memory (MB)', {memory}"));
+                exec(
+                    &c,
+                    &format!("EXEC sp_configure 'max server memory (MB)', {memory}"),
+                );
                 exec(&c, &on(rng.gen_range(8..=16)));
                 std::thread::sleep(Duration::from_millis(rng.gen_range(20..200)));
                 exec(&c, &on(rng.gen_range(8..=16))); // a resize
@@ -198,7 +196,10 @@ fn readers_a_writer_and_an_operator_loop_keep_every_row_and_the_memory_bound() {
                 if rng.gen_ratio(1, 3) {
                     exec(&c, "DBCC DROPCLEANBUFFERS");
                 }
-                exec(&c, "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF");
+                exec(
+                    &c,
+                    "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF",
+                );
                 std::thread::sleep(Duration::from_millis(rng.gen_range(0..50)));
                 operator_rounds.fetch_add(1, Ordering::Relaxed);
             }

@@ -30,6 +30,20 @@ pub fn exec(conn: &Connection, statement: &str) -> String {
         .unwrap()
 }
 
+/// Runs an operator statement; the error message if it fails.
+pub fn try_exec(conn: &Connection, statement: &str) -> Result<String, String> {
+    conn.query_row("SELECT bpe_exec(?1)", [statement], |r| r.get(0))
+        .map_err(|e| e.to_string())
+}
+
+/// `ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON` at `path` with `size` ("64 MB").
+pub fn extension_on(path: impl std::fmt::Display, size: &str) -> String {
+    format!(
+        "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '{}', SIZE = {size})",
+        path.to_string().replace('\'', "''")
+    )
+}
+
 pub fn counter(conn: &Connection, name: &str) -> i64 {
     conn.query_row(
         "SELECT cntr_value FROM bpe_performance_counters WHERE counter_name = ?1",
