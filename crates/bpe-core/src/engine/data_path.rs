@@ -121,12 +121,13 @@ impl Engine {
             .map_while(|page| self.pool.try_prefetch(PageKey::new(key.file, page)))
             .collect();
         let keys: Vec<PageKey> = tickets.iter().map(|t| t.key).collect();
-        let pages = ext.read_run(key, &keys, page_size);
+        let run = ext.read_run(key, &keys, page_size);
+        let verified = run.as_ref().map_or(0, |r| r.len);
         let mut fetched = 0;
         for (i, ticket) in tickets.into_iter().enumerate() {
-            match pages.get(i) {
-                Some(bytes) => {
-                    let frame = self.frame(ticket.key, bytes, started, true);
+            match run.as_ref().filter(|_| i < verified) {
+                Some(run) => {
+                    let frame = self.frame(ticket.key, run.page(i), started, true);
                     self.pool
                         .finish_load(ticket, frame, LoadSource::Extension, self);
                     fetched += 1;

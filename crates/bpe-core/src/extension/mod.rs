@@ -24,6 +24,22 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Consecutive slots read in one request by [`Extension::read_run`]; the first `len` pages
+/// passed their checksums.
+pub struct Run {
+    block: AlignedBuf,
+    slot_size: usize,
+    page_len: usize,
+    pub len: usize,
+}
+
+impl Run {
+    /// Page `i` of the run (verified when `i < len`).
+    pub fn page(&self, i: usize) -> &[u8] {
+        &self.block[i * self.slot_size..][..self.page_len]
+    }
+}
+
 /// A page waiting for the background writer.
 struct Staged {
     key: PageKey,
@@ -208,27 +224,23 @@ impl Extension {
     }
 
     /// Reads the pages of `keys` that sit in the slots right after `after`'s, in one request:
-    /// a scan over pages that were admitted in scan order. Returns the verified pages of the
-    /// longest such run (a prefix of `keys`), each `page_len` bytes; a page that fails its
-    /// checksum ends the run there, as a plain miss (its slot may have been recycled meanwhile).
-    pub fn read_run(&self, after: PageKey, keys: &[PageKey], page_len: usize) -> Vec<Vec<u8>> {
+    /// a scan over pages that were admitted in scan order. Returns the longest such run (a prefix
+    /// of `keys`) in the buffer it was read into, its first `len` pages verified; a page that
+    /// fails its checksum ends the run there, as a plain miss (its slot may have been recycled).
+    pub fn read_run(&self, after: PageKey, keys: &[PageKey], page_len: usize) -> Option<Run> {
         if self.failed.load(Relaxed) || keys.is_empty() || page_len > self.slot_size {
-            return Vec::new();
+            return None;
         }
         let run: Vec<(u32, u32)> = {
             let t = self.tables.read();
-            let Some((first, _)) = t.index.lookup(after) else {
-                return Vec::new();
-            };
+            let (first, _) = t.index.lookup(after)?;
             keys.iter()
                 .map(|&k| t.index.lookup(k))
                 .enumerate()
                 .map_while(|(i, found)| found.filter(|(slot, _)| *slot == first + 1 + i as u32))
                 .collect()
         };
-        let Some(&(start, _)) = run.first() else {
-            return Vec::new();
-        };
+        let &(start, _) = run.first()?;
         let mut block = AlignedBuf::new(self.slot_size * run.len());
         self.counters.ext_outstanding_io.fetch_add(1, Relaxed);
         let res = self
@@ -238,29 +250,33 @@ impl Extension {
         if let Err(e) = res {
             Counters::bump(&self.counters.ext_io_errors);
             self.fault(format!("read error: {e}"));
-            return Vec::new();
+            return None;
         }
-        let mut pages = Vec::with_capacity(run.len());
+        let mut out = Run {
+            block,
+            slot_size: self.slot_size,
+            page_len,
+            len: 0,
+        };
         for (i, &(slot, crc)) in run.iter().enumerate() {
-            let page = &block[i * self.slot_size..i * self.slot_size + page_len];
-            if crc32c::crc32c(page) != crc {
+            if crc32c::crc32c(out.page(i)) != crc {
                 if self.drop_entry(keys[i], slot, crc) {
                     Counters::bump(&self.counters.ext_checksum_failures);
                     self.fault(format!("checksum mismatch in slot {slot}"));
                 }
                 break;
             }
-            pages.push(page.to_vec());
+            out.len += 1;
         }
-        if !pages.is_empty() {
+        if out.len > 0 {
             self.consecutive_faults.store(0, Relaxed);
             self.counters
                 .ext_page_reads
-                .fetch_add(pages.len() as u64, Relaxed);
+                .fetch_add(out.len as u64, Relaxed);
             self.region_last_ref[(start / self.slots_per_region) as usize]
                 .store(self.now_ms(), Relaxed);
         }
-        pages
+        Some(out)
     }
 
     /// Removes the entry if it still is (slot, crc). Returns whether it was.

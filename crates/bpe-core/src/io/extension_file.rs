@@ -49,15 +49,17 @@ pub fn validate_path(path: &Path) -> Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => Err(bad(path, "it is a directory")),
         Ok(m) if m.file_type().is_symlink() => Err(bad(path, "it is a symbolic link")),
-        Ok(_) if stale_extension(path).is_some() => Ok(()), // replaced by create()
-        Ok(_) if held_by_live_extension(path) => Err(bad(
-            path,
-            "another process's buffer pool extension is using it",
-        )),
-        Ok(_) => Err(bad(
-            path,
-            "a file already exists there; the extension never overwrites a file",
-        )),
+        Ok(_) => match inspect(path) {
+            Found::Stale(..) => Ok(()), // replaced by create()
+            Found::Live => Err(bad(
+                path,
+                "another process's buffer pool extension is using it",
+            )),
+            Found::Foreign => Err(bad(
+                path,
+                "a file already exists there; the extension never overwrites a file",
+            )),
+        },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(bad(path, e.to_string())),
     }
@@ -266,8 +268,4 @@ fn stale_extension(path: &Path) -> Option<(u64, u64)> {
         Found::Stale(dev, ino) => Some((dev, ino)),
         _ => None,
     }
-}
-
-fn held_by_live_extension(path: &Path) -> bool {
-    matches!(inspect(path), Found::Live)
 }
