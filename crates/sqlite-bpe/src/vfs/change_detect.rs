@@ -68,8 +68,13 @@ impl InodeState {
     }
 
     /// The wal-index token at the start of a read transaction.
-    pub fn observe_wal(&self, engine: &Engine, file: &FileHandle, token: WalToken) {
-        if self.wal.lock().account(token) {
+    pub fn observe_wal(
+        &self,
+        engine: &Engine,
+        file: &FileHandle,
+        read_token: impl FnOnce() -> WalToken,
+    ) {
+        if self.account_wal(read_token, None) {
             engine.invalidate_file(file);
         }
     }
@@ -81,22 +86,38 @@ impl InodeState {
         &self,
         engine: &Engine,
         file: &FileHandle,
-        token: WalToken,
+        read_token: impl FnOnce() -> WalToken,
         lock: WalLocks,
         held: bool,
     ) {
-        let mut wal = self.wal.lock();
-        let invalidate = wal.account(token);
-        if lock.write {
-            wal.writing = held;
-        }
-        if lock.checkpoint {
-            wal.checkpointing = held;
-        }
-        drop(wal);
-        if invalidate {
+        if self.account_wal(read_token, Some((lock, held))) {
             engine.invalidate_file(file);
         }
+    }
+
+    /// Accounts the current token and, if given, sets the lock flags; true when the file's
+    /// cached pages must be dropped.
+    ///
+    /// The token is read *under* the view's mutex. Read before it, a token can go stale while
+    /// the caller waits: another connection's checkpoint may take the checkpoint lock, backfill
+    /// and account the newer token in between, and the stale one would then look like a
+    /// backfill nobody here made (the two stray whole-file invalidations of the TPC-C run).
+    fn account_wal(
+        &self,
+        read_token: impl FnOnce() -> WalToken,
+        lock: Option<(WalLocks, bool)>,
+    ) -> bool {
+        let mut wal = self.wal.lock();
+        let invalidate = wal.account(read_token());
+        if let Some((lock, held)) = lock {
+            if lock.write {
+                wal.writing = held;
+            }
+            if lock.checkpoint {
+                wal.checkpointing = held;
+            }
+        }
+        invalidate
     }
 }
 
@@ -155,7 +176,8 @@ pub unsafe fn wal_token(region0: *const u8) -> WalToken {
 
 #[cfg(test)]
 mod tests {
-    use super::WalView;
+    use super::{InodeState, WalLocks, WalView};
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 
     const SALTS: [u32; 2] = [7, 9];
 
@@ -198,5 +220,46 @@ mod tests {
             wal.account(token([9, 11], 0)),
             "another process restarted a WAL that may have been backfilled unseen"
         );
+    }
+
+    /// One connection checkpoints in a loop (checkpoint lock, backfill, release) while two others
+    /// begin read transactions: every change is ours, so none may count as another process's.
+    /// Reading the token before taking the view's mutex fails this within a few thousand rounds.
+    #[test]
+    fn our_own_checkpoints_racing_our_readers_never_invalidate() {
+        let state = InodeState::default();
+        let backfill = AtomicU32::new(0);
+        let read = || [7, 9, backfill.load(SeqCst)];
+        let done = AtomicBool::new(false);
+        let ckpt = WalLocks {
+            write: false,
+            checkpoint: true,
+        };
+        let stray = std::thread::scope(|s| {
+            let readers: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut stray = 0;
+                        while !done.load(SeqCst) {
+                            stray += usize::from(state.account_wal(read, None));
+                        }
+                        stray
+                    })
+                })
+                .collect();
+            let mut stray = 0;
+            for _ in 0..200_000 {
+                stray += usize::from(state.account_wal(read, Some((ckpt, true))));
+                backfill.fetch_add(1, SeqCst);
+                stray += usize::from(state.account_wal(read, Some((ckpt, false))));
+            }
+            done.store(true, SeqCst);
+            stray
+                + readers
+                    .into_iter()
+                    .map(|r| r.join().unwrap())
+                    .sum::<usize>()
+        });
+        assert_eq!(stray, 0, "own checkpoints taken for another process's");
     }
 }

@@ -367,9 +367,12 @@ unsafe extern "C" fn shm_lock(
     }
     if flags & SQLITE_SHM_SHARED != 0 && offset >= WAL_READ_LOCK0 && !conn.shm0.is_null() {
         // A read transaction begins (WAL mode): has anyone else checkpointed?
-        // SAFETY: shm0 is region 0 as mapped by the unix VFS and still mapped.
-        let token = unsafe { change_detect::wal_token(conn.shm0) };
-        conn.inode.observe_wal(crate::engine(), &conn.handle, token);
+        let shm0 = conn.shm0;
+        // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closure runs within this call,
+        // before anything can unmap it.
+        let read_token = || unsafe { change_detect::wal_token(shm0) };
+        conn.inode
+            .observe_wal(crate::engine(), &conn.handle, read_token);
     }
     rc
 }
@@ -379,10 +382,12 @@ impl Conn {
         if self.shm0.is_null() {
             return;
         }
-        // SAFETY: shm0 is region 0 as mapped by the unix VFS and still mapped.
-        let token = unsafe { change_detect::wal_token(self.shm0) };
+        let shm0 = self.shm0;
+        // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closure runs within this call,
+        // before anything can unmap it.
+        let read_token = || unsafe { change_detect::wal_token(shm0) };
         self.inode
-            .wal_lock(crate::engine(), &self.handle, token, locks, held);
+            .wal_lock(crate::engine(), &self.handle, read_token, locks, held);
     }
 }
 
