@@ -1,4 +1,5 @@
-//! `--plot FILE.png|FILE.svg`: the configurations as bars (seconds, log scale), then one panel
+//! `--plot FILE.png|FILE.svg`: the configurations as bars (seconds, or transactions per minute for
+//! the time-boxed `oltp`; log scale), then one panel
 //! per configuration with its Buffer Manager counters over time, like the perfmon charts of the
 //! published experiments.
 //!
@@ -84,8 +85,24 @@ where
     DB::ErrorType: 'static,
 {
     let n = r.configs.len().max(1);
-    let max = r.configs.iter().map(|c| c.seconds).fold(0.001, f64::max);
-    let min = r.configs.iter().map(|c| c.seconds).fold(max, f64::min);
+    // Every oltp configuration runs for the same time: what differs is the throughput.
+    let per_minute = r.benchmark == "oltp";
+    let (unit, value): (&str, fn(&crate::report::ConfigResult) -> f64) = if per_minute {
+        ("transactions per minute", |c| {
+            c.operations as f64 * 60.0 / c.seconds.max(1e-9)
+        })
+    } else {
+        ("seconds", |c| c.seconds)
+    };
+    let label = |v: f64| {
+        if per_minute {
+            format!("{v:.0}")
+        } else {
+            crate::report::fmt_duration(v)
+        }
+    };
+    let max = r.configs.iter().map(value).fold(0.001, f64::max);
+    let min = r.configs.iter().map(value).fold(max, f64::min);
     let lo = (min / 3.0).max(1e-4);
     let names: Vec<String> = r.configs.iter().map(|c| c.name.clone()).collect();
     let mut b = ChartBuilder::on(area);
@@ -94,7 +111,7 @@ where
         let d = &r.storage.data_device;
         b.caption(
             format!(
-                "sqlite-bpe bench {}: seconds per configuration (log scale), data device {}",
+                "sqlite-bpe bench {}: {unit} per configuration (log scale), data device {}",
                 r.benchmark, d.name
             ),
             ("sans-serif", 24),
@@ -118,7 +135,7 @@ where
                     String::new()
                 }
             })
-            .y_desc("seconds")
+            .y_desc(unit)
             .light_line_style(WHITE)
             .label_style(("sans-serif", 15))
             .draw()
@@ -126,18 +143,19 @@ where
     }
     for (i, c) in r.configs.iter().enumerate() {
         let x = i as f64;
+        let v = value(c).max(lo);
         let color = Palette99::pick(i).to_rgba();
         chart
             .draw_series(std::iter::once(Rectangle::new(
-                [(x - 0.35, lo), (x + 0.35, c.seconds.max(lo))],
+                [(x - 0.35, lo), (x + 0.35, v)],
                 color.filled(),
             )))
             .map_err(err)?;
         if text {
             chart
                 .draw_series(std::iter::once(Text::new(
-                    crate::report::fmt_duration(c.seconds),
-                    (x - 0.2, c.seconds.max(lo) * 1.15),
+                    label(value(c)),
+                    (x - 0.2, v * 1.15),
                     ("sans-serif", 16),
                 )))
                 .map_err(err)?;
