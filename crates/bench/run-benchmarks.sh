@@ -22,7 +22,7 @@ for what in "${@:-lookup scan oltp dw}"; do
       lookup) run lookup-hdd lookup --data-device emulated:hdd ;;
       scan) run scan-hdd scan --data-device emulated:hdd ;;
       oltp) run oltp-gp3 oltp --data-device emulated:gp3 --warehouses "${WAREHOUSES:-10}" --seconds "${SECONDS_PER_CONFIG:-120}" ;;
-      dw) run dw-san dw --data-device emulated:san --scale "${SCALE:-1}" ;;
+      dw) run dw-san dw --data-device emulated:san --scale "${SCALE:-0.1}" ;;
       slowvol)
         # The kernel-throttled slow volume (150 read IOPS) instead of the emulation.
         vol=$("$SLOWVOL" up bench 8 150)
