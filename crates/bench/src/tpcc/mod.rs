@@ -4,6 +4,11 @@
 //!
 //! Not a TPC-C result: no keying or think times (every terminal runs back to back, as HammerDB
 //! does), no response-time constraints, and the run is minutes, not hours.
+//!
+//! The terminals are threads of one process with a connection each. Their write transactions
+//! take turns in an in-process queue and a separate connection checkpoints the WAL, as a
+//! multi-threaded application on SQLite would arrange it; SQLite's own busy handler and
+//! autocheckpoint would make the run measure sleeps (see `Terminal::run`, `checkpoint_until`).
 
 mod load;
 mod txn;
@@ -21,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use txn::{Kind, Outcome, Terminal, KINDS};
 
@@ -189,26 +195,36 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
     warm(&conn)?;
     db::wait_for_extension_writes();
     sp.finish_and_clear();
+    let writers: Arc<Mutex<()>> = Default::default();
     let terminals: Vec<Terminal> = (0..cfg.terminals)
         .map(|t| {
+            let conn = db::open(&cfg.db)?;
+            // The checkpointer below does it, outside the writers' queue.
+            conn.execute_batch("PRAGMA wal_autocheckpoint = 0;")?;
             Ok(Terminal {
-                conn: db::open(&cfg.db)?,
+                conn,
                 r: Rand::new(1000 + t as u64),
                 w: t % cfg.warehouses + 1,
                 d: t % load::DISTRICTS + 1,
                 warehouses: cfg.warehouses,
                 items: cfg.items,
+                writers: Arc::clone(&writers),
             })
         })
         .collect::<anyhow::Result<_>>()?;
     let mut terminals = terminals;
+    let mut run = Run {
+        terminals: &mut terminals,
+        checkpointer: db::open(&cfg.db)?,
+        writers: &writers,
+    };
     // Warm-up: the mix runs untimed first (the published runs discarded their first pass too).
     let tally = Tally::default();
     let none = AtomicU64::new(0);
-    drive(&mut terminals, cfg.warmup_seconds, &tally, &none, "warm-up")?;
+    drive(&mut run, cfg.warmup_seconds, &tally, &none, "warm-up")?;
     let tally = Tally::default();
     let mut result = ConfigResult::measure(&cfg.name, &cfg.description, sample_ms, |ops| {
-        drive(&mut terminals, cfg.seconds, &tally, ops, &cfg.name)?;
+        drive(&mut run, cfg.seconds, &tally, ops, &cfg.name)?;
         Ok(json!({}))
     })?;
     let checks = txn::check(&conn)?;
@@ -238,9 +254,46 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
     Ok(vec![result])
 }
 
+/// The terminals, the queue their write transactions take turns in, and a connection that
+/// checkpoints the WAL in the background while they run.
+struct Run<'a> {
+    terminals: &'a mut [Terminal],
+    checkpointer: rusqlite::Connection,
+    writers: &'a Mutex<()>,
+}
+
+/// WAL frames after which the checkpointer stops the writers to restart the WAL, so that it
+/// stays bounded even when backfill cannot catch up with them.
+const WAL_RESTART_FRAMES: i64 = 20_000;
+
+/// Checkpoints as SQLite's autocheckpoint would, but on its own connection: an autocheckpoint
+/// runs in the committing terminal, inside its turn in the writers' queue, and every other
+/// writer would wait for it.
+fn checkpoint_until(
+    conn: &mut rusqlite::Connection,
+    writers: &Mutex<()>,
+    stop: &AtomicBool,
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    let checkpoint = |mode: &str| -> anyhow::Result<(i64, i64)> {
+        let sql = format!("PRAGMA wal_checkpoint({mode})");
+        Ok(conn.query_row(&sql, [], |r| Ok((r.get(1)?, r.get(2)?)))?)
+    };
+    while !stop.load(Relaxed) && Instant::now() < deadline {
+        let (log, backfilled) = checkpoint("PASSIVE")?;
+        if log > WAL_RESTART_FRAMES {
+            let _turn = writers.lock().unwrap_or_else(|e| e.into_inner());
+            checkpoint("RESTART")?;
+        } else if log - backfilled < 1000 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(())
+}
+
 /// Runs every terminal for `seconds`; counts completed transactions in `ops`.
 fn drive(
-    terminals: &mut [Terminal],
+    run: &mut Run,
     seconds: u64,
     tally: &Tally,
     ops: &AtomicU64,
@@ -250,6 +303,14 @@ fn drive(
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let pb = progress::bar(seconds, label);
     std::thread::scope(|s| {
+        let Run {
+            terminals,
+            checkpointer,
+            writers,
+        } = run;
+        let stop_ref = &stop;
+        let checkpointer =
+            s.spawn(move || checkpoint_until(checkpointer, writers, stop_ref, deadline));
         let workers: Vec<_> = terminals
             .iter_mut()
             .map(|t| {
@@ -288,13 +349,18 @@ fn drive(
             );
         }
         pb.finish_and_clear();
-        workers
+        let done = workers
             .into_iter()
             .map(|w| {
                 w.join()
                     .unwrap_or_else(|_| Err(anyhow::anyhow!("terminal panicked")))
             })
-            .collect::<anyhow::Result<Vec<()>>>()
+            .collect::<anyhow::Result<Vec<()>>>();
+        stop.store(true, Relaxed);
+        let checkpointed = checkpointer
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("checkpointer panicked")));
+        done.and(checkpointed)
     })?;
     Ok(())
 }
