@@ -8,7 +8,7 @@
 //! The terminals are threads of one process with a connection each. Their write transactions
 //! take turns in an in-process queue and a separate connection checkpoints the WAL, as a
 //! multi-threaded application on SQLite would arrange it; SQLite's own busy handler and
-//! autocheckpoint would make the run measure sleeps (see `Terminal::run`, `checkpoint_until`).
+//! autocheckpoint would make the run measure sleeps (see `drive`, `checkpoint_until`).
 
 mod load;
 mod txn;
@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use txn::{Kind, Outcome, Terminal, KINDS};
 
@@ -195,8 +195,8 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
     warm(&conn)?;
     db::wait_for_extension_writes();
     sp.finish_and_clear();
-    let writers: Arc<Mutex<()>> = Default::default();
-    let terminals: Vec<Terminal> = (0..cfg.terminals)
+    let writers = Mutex::new(());
+    let mut terminals: Vec<Terminal> = (0..cfg.terminals)
         .map(|t| {
             let conn = db::open(&cfg.db)?;
             // The checkpointer below does it, outside the writers' queue.
@@ -208,11 +208,9 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
                 d: t % load::DISTRICTS + 1,
                 warehouses: cfg.warehouses,
                 items: cfg.items,
-                writers: Arc::clone(&writers),
             })
         })
         .collect::<anyhow::Result<_>>()?;
-    let mut terminals = terminals;
     let mut run = Run {
         terminals: &mut terminals,
         checkpointer: db::open(&cfg.db)?,
@@ -308,6 +306,7 @@ fn drive(
             checkpointer,
             writers,
         } = run;
+        let writers: &Mutex<()> = writers;
         let stop_ref = &stop;
         let checkpointer =
             s.spawn(move || checkpoint_until(checkpointer, writers, stop_ref, deadline));
@@ -318,7 +317,17 @@ fn drive(
                 s.spawn(move || -> anyhow::Result<()> {
                     while !stop.load(Relaxed) && Instant::now() < deadline {
                         let kind = Kind::pick(&mut t.r);
-                        match t.run(kind) {
+                        // SQLite has one write lock per database and no queue for it: a writer
+                        // that finds it taken sleeps in the busy handler for 1, 2, 5, 10 ... ms
+                        // while the lock sits idle, a quantum longer than a whole transaction
+                        // here. Writers take turns here instead, as a multi-threaded
+                        // application would; the busy timeout stays for anything else.
+                        let turn = kind
+                            .writes()
+                            .then(|| writers.lock().unwrap_or_else(|e| e.into_inner()));
+                        let outcome = t.run(kind);
+                        drop(turn);
+                        match outcome {
                             Ok(Outcome::Committed) => {
                                 tally.committed[KINDS.iter().position(|k| *k == kind).unwrap_or(0)]
                                     .fetch_add(1, Relaxed);

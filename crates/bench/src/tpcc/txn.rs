@@ -3,7 +3,6 @@
 
 use super::load::{last_name, Rand, CUSTOMERS, DISTRICTS, NOW};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
-use std::sync::{Arc, Mutex};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -58,8 +57,6 @@ pub struct Terminal {
     pub d: u32,
     pub warehouses: u32,
     pub items: u32,
-    /// Shared by the terminals: the writers' queue (see `run`).
-    pub writers: Arc<Mutex<()>>,
 }
 
 /// What happened: committed, or rolled back as the specification asks (1 % of New-Orders).
@@ -70,15 +67,6 @@ pub enum Outcome {
 
 impl Terminal {
     pub fn run(&mut self, kind: Kind) -> anyhow::Result<Outcome> {
-        // SQLite has one write lock per database and no queue for it: a writer that finds it
-        // taken sleeps in the busy handler for 1, 2, 5, 10 ... ms and the lock sits idle
-        // meanwhile, a quantum longer than a whole transaction here. The terminals queue for it
-        // in the process instead, as a multi-threaded application would; the busy timeout
-        // stays for anything else.
-        let writers = self.writers.clone();
-        let _turn = kind
-            .writes()
-            .then(|| writers.lock().unwrap_or_else(|e| e.into_inner()));
         match kind {
             Kind::NewOrder => self.new_order(),
             Kind::Payment => self.payment().map(|_| Outcome::Committed),
