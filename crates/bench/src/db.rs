@@ -89,8 +89,8 @@ pub fn drop_os_cache(path: &Path) {
 }
 
 /// The process's engine, once a connection through the bpe VFS created it.
-pub fn engine() -> Option<&'static Arc<Engine>> {
-    Engine::global()
+pub fn engine() -> Option<Arc<Engine>> {
+    sqlite_bpe::existing_engine()
 }
 
 pub fn snapshot() -> CounterSnapshot {

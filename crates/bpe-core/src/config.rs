@@ -13,8 +13,6 @@ pub const MIN_PAGE_SIZE: usize = 512;
 pub const MAX_PAGE_SIZE: usize = 65536;
 /// Alignment of O_DIRECT buffers, offsets and lengths. 4096 is safe on every Linux block device.
 pub const DIRECT_IO_ALIGN: usize = 4096;
-/// Default L2 slot size: SQLite's default page size. Each slot holds one page.
-pub const DEFAULT_SLOT_SIZE: usize = 4096;
 /// The extension writes in batches of this many bytes (the ring's write unit).
 pub const EXTENSION_BATCH_BYTES: usize = 512 << 10;
 /// Pages evicted from L1 waiting for the background writer. A full queue drops admissions, never blocks.
@@ -35,6 +33,23 @@ pub struct DeviceEmulation {
     pub latency: Duration,
     /// At most this many requests per second (0: unlimited), enforced across threads.
     pub iops: u32,
+}
+
+/// The slowest emulated device accepted: a second per request is slower than any real one.
+pub const MAX_EMULATED_LATENCY: Duration = Duration::from_secs(1);
+
+impl DeviceEmulation {
+    /// Checks the emulation's bounds (one rule for every way it is configured).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.latency > MAX_EMULATED_LATENCY {
+            return Err(format!(
+                "emulated latency {} us is above the maximum of {} us",
+                self.latency.as_micros(),
+                MAX_EMULATED_LATENCY.as_micros()
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Configuration of an [`crate::Engine`].

@@ -112,7 +112,9 @@ pub struct Gauges {
     pub max_memory: u64,
     pub uptime_ms: u64,
     pub ext_allocated_pages: u64,
-    pub ext_total_pages: u64,
+    /// Free bytes of the extension in 4 KiB units (pages of any size share it).
+    pub ext_free_pages: u64,
+    pub ext_in_use_percent: u64,
     pub ext_index_bytes: u64,
     pub buffered_data_files: u64,
 }
@@ -183,10 +185,8 @@ impl CounterSnapshot {
             memory_bytes: g.memory_bytes,
             max_memory: g.max_memory,
             ext_allocated_pages: g.ext_allocated_pages,
-            ext_free_pages: g.ext_total_pages - g.ext_allocated_pages,
-            ext_in_use_percent: (g.ext_allocated_pages * 100)
-                .checked_div(g.ext_total_pages)
-                .unwrap_or(0),
+            ext_free_pages: g.ext_free_pages,
+            ext_in_use_percent: g.ext_in_use_percent,
             ext_outstanding_io: c.ext_outstanding_io.load(Relaxed),
             ext_page_evictions: l(&c.ext_page_evictions),
             ext_page_reads: l(&c.ext_page_reads),

@@ -21,12 +21,10 @@ pub enum Error {
     )]
     ExtensionNotLargerThanMemory { size: u64, max_memory: u64 },
 
-    #[error("buffer pool extension size {size} bytes is too small: it must hold at least {min_slots} slots of {slot_size} bytes")]
-    ExtensionTooSmall {
-        size: u64,
-        slot_size: usize,
-        min_slots: u64,
-    },
+    #[error(
+        "buffer pool extension size {size} bytes is too small: it must be at least {minimum} bytes"
+    )]
+    ExtensionTooSmall { size: u64, minimum: u64 },
 
     #[error("buffer pool extension of {size} bytes needs {index_bytes} bytes of index memory, more than its budget of {budget} bytes (half of max server memory); raise max server memory or use a smaller extension")]
     IndexOverBudget {
@@ -77,7 +75,4 @@ pub enum Error {
 
     #[error("{path:?} is cached by the buffer pool of another process; only one process may use the extension on a database at a time")]
     OwnedByAnotherProcess { path: PathBuf },
-
-    #[error("too many open data files (at most {0})")]
-    TooManyFiles(usize),
 }

@@ -1,30 +1,105 @@
-//! Data files known to the engine: one entry (and one pair of descriptors) per inode, shared by
-//! every opener and closed only when the last one closes. Sharing matters beyond economy: closing
-//! any descriptor of a file drops all of this process's POSIX locks on it.
+//! Data files known to the engine, and their lifecycle:
+//!
+//! ```text
+//!   (unknown) --open--> OPEN(n openers) --close (n > 1)--> OPEN(n-1)
+//!   OPEN(1) --close--> RETAINED --open, stamp unchanged--> OPEN(1)   (cached pages kept)
+//!                      RETAINED --open, stamp changed----> OPEN(1)   (new key: pages forgotten)
+//!                      RETAINED --more than MAX_RETAINED--> (forgotten; its key is dead)
+//! ```
+//!
+//! One entry per inode, shared by every opener, so that one database's cache survives its
+//! connections closing and reopening (a connection pool does that constantly). The descriptors
+//! are opened with the first opener and closed, synchronously and under the registry lock, with
+//! the last: closing any descriptor of a file drops every POSIX lock this process holds on it, so
+//! a descriptor must never outlive the connections or close while a new opener may already be
+//! taking locks. A retained entry keeps the file's key and a stamp (size, times, identity); the
+//! next open compares the stamp and forgets the pages if the file changed while nobody watched.
+//!
+//! Cached pages are named by the file's *key*, not by its entry: forgetting a file's pages is
+//! giving it a new key (O(1), whatever the cache holds). Copies under the old key can never be
+//! found again and leave both tiers as space is needed. Keys come from one counter and are never
+//! reused; if it ever wraps (2^32 invalidations), both tiers are emptied first (`Engine::new_key`).
 
 use crate::config::{check_page_size, Config};
-use crate::io::{DataFile, Emulator, FaultInjector, FileIdentity};
-use crate::page::FileId;
+use crate::io::{DataFile, FileIdentity, FileStamp};
+use crate::page::FileKey;
 use crate::readahead::SequentialDetector;
+use crate::sync::{Mutex, Rank, RwLock};
 use crate::{Error, Result};
-use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::SystemTime;
 
+/// Closed files whose cached pages are kept for a reopen, at most.
+pub const MAX_RETAINED_FILES: usize = 256;
+
+/// A stamp and when it was taken. A stamp taken within [`RACY_WINDOW`] of the file's last
+/// modification is *racy*: on a kernel with coarse timestamps (before Linux 6.13), another
+/// write in the same clock tick leaves it unchanged, so it cannot vouch for the file alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KnownStamp {
+    pub stamp: FileStamp,
+    pub racy: bool,
+}
+
+/// Several clock ticks of the coarsest kernel timer (HZ=100).
+pub const RACY_WINDOW: std::time::Duration = std::time::Duration::from_millis(30);
+
+impl KnownStamp {
+    pub fn taken_now(stamp: FileStamp) -> Self {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i128);
+        let last_change = stamp.mtime_ns.max(stamp.ctime_ns) as i128;
+        KnownStamp {
+            stamp,
+            racy: now - last_change < RACY_WINDOW.as_nanos() as i128,
+        }
+    }
+}
+
+/// One data file as the cache knows it.
 pub struct CachedFile {
-    pub id: FileId,
-    pub data: DataFile,
+    /// Stable for as long as the engine knows the file (buffer descriptors' database_id).
+    pub id: u32,
+    /// Shared with the frames cached under it, so that a frame can tell it is a dead copy.
+    key: Arc<AtomicU32>,
     identity: FileIdentity,
+    path: PathBuf,
     page_size: AtomicUsize,
+    /// The descriptors, while the file has openers.
+    data: RwLock<Option<Arc<DataFile>>>,
+    known: Mutex<Option<KnownStamp>>,
+    /// What the engine's client keeps per file (the SQLite adapter's change detection); it
+    /// lives as long as this entry, across closes and reopens.
+    client: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
     /// Sequential runs of data-file misses.
     pub readahead: SequentialDetector,
-    /// Sequential runs of extension hits (pages evicted in scan order sit in consecutive slots).
+    /// Sequential runs of extension hits (pages admitted in scan order sit in consecutive places).
     pub extension_readahead: SequentialDetector,
 }
 
+/// A caller's reference to an open data file.
+pub type FileHandle = Arc<CachedFile>;
+
 impl CachedFile {
+    /// The key the file's pages are cached under now.
+    pub fn key(&self) -> FileKey {
+        self.key.load(Relaxed)
+    }
+    pub(crate) fn set_key(&self, key: FileKey) {
+        self.key.store(key, Relaxed);
+    }
+    /// The cell holding the current key, for frames to compare their own key against.
+    pub(crate) fn key_cell(&self) -> &Arc<AtomicU32> {
+        &self.key
+    }
+    pub fn identity(&self) -> FileIdentity {
+        self.identity
+    }
     pub fn page_size(&self) -> usize {
         self.page_size.load(Relaxed)
     }
@@ -32,135 +107,258 @@ impl CachedFile {
         self.page_size.store(n, Relaxed);
     }
     pub fn path(&self) -> &Path {
-        self.data.path()
+        &self.path
+    }
+
+    /// The open descriptors (None once the last opener closed).
+    pub fn data(&self) -> Option<Arc<DataFile>> {
+        self.data.read().clone()
+    }
+
+    /// True when reads of this file bypass the OS page cache.
+    pub fn is_direct(&self) -> bool {
+        self.data.read().as_ref().is_some_and(|d| d.is_direct())
+    }
+
+    /// The file's stamp now: one fstat, no device round trip.
+    pub fn stamp_now(&self) -> Result<FileStamp> {
+        match self.data() {
+            Some(d) => d.stamp(),
+            None => FileStamp::of_path(&self.path).map_err(|source| Error::DataIo {
+                path: self.path.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// The stamp last accepted as describing the cached pages.
+    pub fn known_stamp(&self) -> Option<KnownStamp> {
+        *self.known.lock()
+    }
+
+    /// Accepts `stamp` as describing the cached pages (after the caller's own writes, or once
+    /// it has dealt with a change).
+    pub fn accept_stamp(&self, stamp: FileStamp) {
+        *self.known.lock() = Some(KnownStamp::taken_now(stamp));
+    }
+
+    /// The client's state for this file, created by `init` on first use.
+    pub fn client_state<T: Any + Send + Sync>(&self, init: impl FnOnce() -> T) -> Arc<T> {
+        let mut slot = self.client.lock();
+        if let Some(state) = slot.as_ref().and_then(|s| s.clone().downcast::<T>().ok()) {
+            return state;
+        }
+        let state = Arc::new(init());
+        *slot = Some(state.clone());
+        state
     }
 }
 
-/// A caller's reference to an open data file.
-pub type FileHandle = Arc<CachedFile>;
+/// What an open found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenKind {
+    /// The engine did not know the file: nothing of it is cached.
+    New,
+    /// Another opener has it open now: everything is shared.
+    Shared,
+    /// Nobody had it open, but its pages were kept; `changed` when the stamp differed and the
+    /// pages were forgotten.
+    Reopened { changed: bool, racy: bool },
+}
 
 /// What descriptors and monitors show about a file.
 #[derive(Clone, Debug)]
 pub struct FileInfo {
-    pub id: FileId,
+    pub id: u32,
+    pub key: FileKey,
     pub path: PathBuf,
     pub page_size: usize,
     pub direct_io: bool,
     pub openers: usize,
 }
 
+struct Entry {
+    file: FileHandle,
+    openers: usize,
+}
+
+/// The registry, under `Engine::files`.
 #[derive(Default)]
 pub struct FileRegistry {
-    by_identity: HashMap<FileIdentity, (FileHandle, usize)>,
-    free_ids: Vec<FileId>,
+    by_identity: HashMap<FileIdentity, Entry>,
+    /// Closed entries, oldest first (may hold identities reopened since: checked when popped).
+    retained: VecDeque<FileIdentity>,
     next_id: u32,
 }
 
+/// Where and how to open a file's descriptors.
+pub struct OpenRequest<'a> {
+    /// The file's name, for messages and monitors.
+    pub path: &'a Path,
+    /// What to open: the same as `path`, or a name that cannot be renamed away, such as
+    /// `/proc/self/fd/N` of a descriptor the caller holds.
+    pub open_from: &'a Path,
+    /// The file the caller means (the identity of its own descriptor), if it has one: the open
+    /// fails rather than cache another file under its name.
+    pub expect: Option<FileIdentity>,
+    pub page_size: usize,
+}
+
 impl FileRegistry {
-    pub fn open(
+    /// Opens (or shares) a file. `new_key` gives a fresh key (the engine's counter).
+    pub(crate) fn open(
         &mut self,
-        path: &Path,
-        page_size: usize,
+        req: &OpenRequest<'_>,
         config: &Config,
-        emulator: Option<Arc<Emulator>>,
-        faults: Arc<FaultInjector>,
-    ) -> Result<FileHandle> {
-        check_page_size(page_size)?;
-        let meta = std::fs::metadata(path).map_err(|source| Error::OpenData {
-            path: path.to_path_buf(),
+        new_key: &mut dyn FnMut() -> FileKey,
+    ) -> Result<(FileHandle, OpenKind)> {
+        check_page_size(req.page_size)?;
+        let open_err = |source| Error::OpenData {
+            path: req.path.to_path_buf(),
             source,
-        })?;
-        let identity = FileIdentity {
-            dev: meta.dev(),
-            ino: meta.ino(),
         };
-        if let Some((handle, openers)) = self.by_identity.get_mut(&identity) {
-            *openers += 1;
-            return Ok(handle.clone());
-        }
-        let id = self.allocate_id()?;
-        let opened = DataFile::open(path, config.direct_io, emulator, faults).and_then(
-            |(data, identity)| {
-                if config.exclusive_owner {
-                    data.claim_ownership().map_err(|e| match e.kind() {
-                        std::io::ErrorKind::WouldBlock => Error::OwnedByAnotherProcess {
-                            path: path.to_path_buf(),
-                        },
-                        _ => Error::OpenData {
-                            path: path.to_path_buf(),
-                            source: e,
-                        },
-                    })?;
-                }
-                Ok((data, identity))
-            },
-        );
-        let (data, identity) = match opened {
-            Ok(x) => x,
-            Err(e) => {
-                self.free_ids.push(id);
-                return Err(e);
+        // Which inode, without opening it: opening and closing a descriptor of a file this
+        // process has locks on would drop those locks.
+        let identity = match req.expect {
+            Some(id) => id,
+            None => FileIdentity::of_path(req.open_from).map_err(open_err)?,
+        };
+        if let Some(entry) = self.by_identity.get_mut(&identity) {
+            if entry.openers > 0 {
+                entry.openers += 1;
+                return Ok((entry.file.clone(), OpenKind::Shared));
             }
-        };
-        let handle = Arc::new(CachedFile {
-            id,
-            data,
+            let file = entry.file.clone();
+            let data = open_data(req, identity, config)?;
+            let stamp = data.stamp()?;
+            let known = file.known_stamp();
+            let changed = known.is_none_or(|k| k.stamp != stamp);
+            if changed {
+                file.set_key(new_key());
+            }
+            *file.data.write() = Some(Arc::new(data));
+            file.accept_stamp(stamp);
+            let entry = self.by_identity.get_mut(&identity).expect("present");
+            entry.openers = 1;
+            self.retained.retain(|i| *i != identity);
+            return Ok((
+                file,
+                OpenKind::Reopened {
+                    changed,
+                    racy: known.is_some_and(|k| k.racy),
+                },
+            ));
+        }
+        let data = open_data(req, identity, config)?;
+        let stamp = data.stamp()?;
+        self.next_id += 1;
+        let file = Arc::new(CachedFile {
+            id: self.next_id,
+            key: Arc::new(AtomicU32::new(new_key())),
             identity,
-            page_size: AtomicUsize::new(page_size),
+            path: req.path.to_path_buf(),
+            page_size: AtomicUsize::new(req.page_size),
+            data: RwLock::new(Rank::Leaf, Some(Arc::new(data))),
+            known: Mutex::new(Rank::Leaf, Some(KnownStamp::taken_now(stamp))),
+            client: Mutex::new(Rank::Leaf, None),
             readahead: SequentialDetector::default(),
             extension_readahead: SequentialDetector::default(),
         });
-        self.by_identity.insert(identity, (handle.clone(), 1));
-        Ok(handle)
+        self.by_identity.insert(
+            identity,
+            Entry {
+                file: file.clone(),
+                openers: 1,
+            },
+        );
+        Ok((file, OpenKind::New))
     }
 
-    fn allocate_id(&mut self) -> Result<FileId> {
-        if let Some(id) = self.free_ids.pop() {
-            return Ok(id);
-        }
-        // 0 marks an empty slot in the extension index, so ids start at 1.
-        if self.next_id >= FileId::MAX as u32 {
-            return Err(Error::TooManyFiles(FileId::MAX as usize - 1));
-        }
-        self.next_id += 1;
-        Ok(self.next_id as FileId)
-    }
-
-    /// Drops one opener. Returns true when it was the last (the caller then forgets its pages).
-    pub fn close(&mut self, handle: &FileHandle) -> bool {
-        let Some((_, openers)) = self.by_identity.get_mut(&handle.identity) else {
-            return false;
+    /// Drops one opener; after the last, closes the descriptors (now, under the registry lock)
+    /// and keeps the entry for a reopen. The known stamp stays what the client last accepted: a
+    /// change nobody looked at before the close must still be caught at the reopen.
+    pub(crate) fn close(&mut self, handle: &FileHandle) {
+        let Some(entry) = self.by_identity.get_mut(&handle.identity) else {
+            return;
         };
-        *openers -= 1;
-        if *openers > 0 {
-            return false;
+        if !Arc::ptr_eq(&entry.file, handle) || entry.openers == 0 {
+            return;
         }
-        self.by_identity.remove(&handle.identity);
-        self.free_ids.push(handle.id);
-        true
+        entry.openers -= 1;
+        if entry.openers > 0 {
+            return;
+        }
+        // The last opener's calls have all returned: nobody else holds the descriptors.
+        let data = handle.data.write().take();
+        drop(data);
+        self.retained.retain(|i| *i != handle.identity);
+        self.retained.push_back(handle.identity);
+        while self.retained.len() > MAX_RETAINED_FILES {
+            let Some(oldest) = self.retained.pop_front() else {
+                break;
+            };
+            // Forgotten: its key is dead, its copies leave both tiers as space is needed.
+            self.by_identity.remove(&oldest);
+        }
+    }
+
+    /// Every known file (open or retained).
+    pub(crate) fn all(&self) -> impl Iterator<Item = &FileHandle> {
+        self.by_identity.values().map(|e| &e.file)
     }
 
     pub fn infos(&self) -> Vec<FileInfo> {
         let mut v: Vec<FileInfo> = self
             .by_identity
             .values()
-            .map(|(h, openers)| FileInfo {
-                id: h.id,
-                path: h.path().to_path_buf(),
-                page_size: h.page_size(),
-                direct_io: h.data.is_direct(),
-                openers: *openers,
+            .map(|e| FileInfo {
+                id: e.file.id,
+                key: e.file.key(),
+                path: e.file.path().to_path_buf(),
+                page_size: e.file.page_size(),
+                direct_io: e.file.is_direct(),
+                openers: e.openers,
             })
             .collect();
         v.sort_by_key(|f| f.id);
         v
     }
 
-    pub fn max_page_size(&self) -> usize {
-        self.by_identity
-            .values()
-            .map(|(h, _)| h.page_size())
-            .max()
-            .unwrap_or(0)
+    /// Whether the registry knows a file with this identity (open or retained).
+    pub fn knows(&self, identity: FileIdentity) -> bool {
+        self.by_identity.contains_key(&identity)
     }
+
+    /// Current key -> the file's stable id, for every known file.
+    pub(crate) fn ids_by_key(&self) -> HashMap<FileKey, u32> {
+        self.all().map(|f| (f.key(), f.id)).collect()
+    }
+}
+
+fn open_data(req: &OpenRequest<'_>, identity: FileIdentity, config: &Config) -> Result<DataFile> {
+    let data = DataFile::open(req.path, req.open_from, config.direct_io)?;
+    if data.identity() != identity {
+        // The name now leads to another file (renamed in between): never cache one file's
+        // pages under another's name. The descriptors are leaked, not closed: the other file
+        // may be one this process holds POSIX locks on, and a close would drop them.
+        std::mem::forget(data);
+        return Err(Error::OpenData {
+            path: req.path.to_path_buf(),
+            source: std::io::Error::other(
+                "the file was replaced while it was being opened (renamed in between); try again",
+            ),
+        });
+    }
+    if config.exclusive_owner {
+        data.claim_ownership().map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock => Error::OwnedByAnotherProcess {
+                path: req.path.to_path_buf(),
+            },
+            _ => Error::OpenData {
+                path: req.path.to_path_buf(),
+                source: e,
+            },
+        })?;
+    }
+    Ok(data)
 }

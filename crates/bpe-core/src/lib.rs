@@ -15,10 +15,14 @@ pub mod page;
 pub mod pool;
 mod readahead;
 pub mod statements;
+pub mod sync;
 
 pub use config::{Config, DeviceEmulation};
 pub use counters::{CounterKind, CounterRow, CounterSnapshot};
-pub use engine::{BufferDescriptor, Engine, ExtensionState, ExtensionStatus, PageRead};
+pub use engine::{
+    check_extension_size, check_max_memory, effective_extension_size, BufferDescriptor, Engine,
+    ExtensionState, ExtensionStatus, PageRead, Settings, Via,
+};
 pub use error::{Error, Result};
-pub use files::{FileHandle, FileInfo};
-pub use page::{FileId, PageKey, Tier};
+pub use files::{FileHandle, FileInfo, OpenKind, OpenRequest};
+pub use page::{FileKey, PageKey, Tier};

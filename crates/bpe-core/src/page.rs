@@ -1,17 +1,22 @@
 //! Page identity.
 
-/// A data file registered with the engine. Small so that the extension index stays compact.
-pub type FileId = u16;
+/// The key under which one file's pages are cached. A file gets a new key whenever its cached
+/// pages must be forgotten as a whole (another process changed it, its page size changed, it
+/// was replaced): copies cached under the old key can then never be found again, whatever
+/// thread still holds or installs them, and they leave both tiers as space is needed. Keys are
+/// never reused while a copy cached under them could still be read: see `files.rs`.
+pub type FileKey = u32;
 
-/// A page: which file, and its number in that file counted from 0 (byte offset / page size).
+/// A page: which file (by its current key), and its number in that file counted from 0
+/// (byte offset / page size).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PageKey {
-    pub file: FileId,
+    pub file: FileKey,
     pub page: u64,
 }
 
 impl PageKey {
-    pub fn new(file: FileId, page: u64) -> Self {
+    pub fn new(file: FileKey, page: u64) -> Self {
         PageKey { file, page }
     }
 }
@@ -31,8 +36,8 @@ impl std::hash::Hasher for PageKeyHasher {
             self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x100_0000_01B3);
         }
     }
-    fn write_u16(&mut self, n: u16) {
-        self.0 = (self.0 ^ n as u64).rotate_left(48);
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ n as u64).rotate_left(40);
     }
     fn write_u64(&mut self, n: u64) {
         self.0 ^= n;

@@ -19,8 +19,11 @@
 //! - `FILENAME` is an absolute path in single quotes (`''` for a quote inside).
 //! - `max server memory (MB)` is a whole number of megabytes above 0, and takes effect at once
 //!   (this engine has no pending configuration, so `RECONFIGURE` is accepted and changes nothing).
-//! - Every statement of a text is parsed before any is carried out, so a syntax error changes
-//!   nothing. Statements then run in order and the first failure stops the rest.
+//! - Every statement of a text is parsed, then validated against the settings the statements
+//!   before it would leave, before any is carried out: a syntax error or a refused value
+//!   anywhere changes nothing. Statements then run in order; only a failure the checks cannot
+//!   foresee (the disk fills while the extension file is created) stops the rest midway, and
+//!   the message says which statements took effect.
 //! - `ON` while the extension is enabled at the same path resizes it (dropping its contents);
 //!   at another path it is refused. `OFF` while it is disabled does nothing.
 //!
@@ -29,7 +32,9 @@
 mod lex;
 mod parser;
 
-use crate::{Engine, Error, ExtensionState};
+use crate::engine::{check_extension_size, check_max_memory, effective_extension_size};
+use crate::extension::initial_index_bytes;
+use crate::{Engine, Error, ExtensionState, Settings};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -99,6 +104,13 @@ pub enum StatementError {
     UnknownDbcc(String),
     #[error("no statement to execute")]
     Empty,
+    #[error("{}{}", execution_message(.source), refused_at(*.index, *.count))]
+    Invalid {
+        /// 1-based position of the refused statement; nothing was carried out.
+        index: usize,
+        count: usize,
+        source: Error,
+    },
     #[error("{}{}", execution_message(.source), position(*.index, *.count))]
     Execution {
         /// 1-based position of the failed statement; the ones before it took effect.
@@ -121,6 +133,13 @@ fn excerpt(text: &str) -> String {
     match text.char_indices().nth(40) {
         Some((cut, _)) => format!("{}...", &text[..cut]),
         None => text.to_string(),
+    }
+}
+
+fn refused_at(index: usize, count: usize) -> String {
+    match count {
+        1 => String::new(),
+        _ => format!(" (statement {index} of {count}; nothing was changed)"),
     }
 }
 
@@ -156,11 +175,21 @@ pub fn human_bytes(bytes: u64) -> String {
 /// Parses every statement of `text` and carries them out in order; returns one status line
 /// per statement.
 pub fn run(engine: &Engine, text: &str) -> Result<String, StatementError> {
-    let statements = parse(text)?;
+    run_statements(engine, &parse(text)?)
+}
+
+/// Validates `statements` as a whole, then carries them out in order; returns one status line
+/// per statement.
+pub fn run_statements(engine: &Engine, statements: &[Statement]) -> Result<String, StatementError> {
     if statements.is_empty() {
         return Err(StatementError::Empty);
     }
     let count = statements.len();
+    validate(engine, statements).map_err(|(i, source)| StatementError::Invalid {
+        index: i + 1,
+        count,
+        source,
+    })?;
     let mut lines = Vec::with_capacity(count);
     for (i, statement) in statements.iter().enumerate() {
         let line = execute(engine, statement).map_err(|source| StatementError::Execution {
@@ -171,6 +200,64 @@ pub fn run(engine: &Engine, text: &str) -> Result<String, StatementError> {
         lines.push(line);
     }
     Ok(lines.join("\n"))
+}
+
+/// Checks every statement against the settings the ones before it would leave, changing
+/// nothing. On a refusal: the statement's 0-based index and why.
+pub fn validate(engine: &Engine, statements: &[Statement]) -> Result<(), (usize, Error)> {
+    let mut plan = engine.settings();
+    let current_path = plan.extension.as_ref().map(|e| e.0.clone());
+    let mut turned_off = false;
+    for (i, statement) in statements.iter().enumerate() {
+        let mut step = |plan: &mut Settings| -> crate::Result<()> {
+            match statement {
+                Statement::ExtensionOn { path, size_bytes } => {
+                    let size = *size_bytes;
+                    let new = (
+                        path.clone(),
+                        effective_extension_size(size),
+                        initial_index_bytes(size),
+                    );
+                    match &plan.extension {
+                        Some((p, current, _)) if p == path => {
+                            if effective_extension_size(size) != *current {
+                                check_extension_size(size, plan.max_memory)?;
+                                plan.extension = Some(new);
+                            }
+                        }
+                        Some((p, _, _)) => {
+                            return Err(Error::ExtensionAlreadyEnabled { path: p.clone() })
+                        }
+                        None if turned_off && current_path.as_ref() == Some(path) => {
+                            // The file there now is the one an earlier OFF deletes.
+                            check_extension_size(size, plan.max_memory)?;
+                            plan.extension = Some(new);
+                        }
+                        None => {
+                            engine.validate_extension_with(path, size, plan.max_memory)?;
+                            plan.extension = Some(new);
+                        }
+                    }
+                }
+                Statement::ExtensionOff => {
+                    turned_off |= plan.extension.is_some();
+                    plan.extension = None;
+                }
+                Statement::MaxServerMemory { megabytes } => {
+                    let bytes = megabytes.saturating_mul(MB);
+                    check_max_memory(bytes, plan.extension.as_ref().map_or(0, |e| e.2))?;
+                    plan.max_memory = bytes;
+                }
+                Statement::ShowMaxServerMemory
+                | Statement::ShowAdvancedOptions { .. }
+                | Statement::Reconfigure
+                | Statement::DropCleanBuffers => {}
+            }
+            Ok(())
+        };
+        step(&mut plan).map_err(|e| (i, e))?;
+    }
+    Ok(())
 }
 
 /// Carries out one statement; returns its status line.
@@ -213,9 +300,8 @@ pub fn execute(engine: &Engine, statement: &Statement) -> crate::Result<String> 
 fn extension_on(engine: &Engine, path: &Path, size: u64) -> crate::Result<String> {
     let status = engine.extension_status();
     if status.state == ExtensionState::Enabled && status.path.as_deref() == Some(path) {
-        // The core rounds the size down to whole slots.
-        let slot = status.slot_size.max(1) as u64;
-        if size - size % slot == status.size_bytes {
+        // The core rounds the size down to whole regions.
+        if effective_extension_size(size) == status.size_bytes {
             return Ok(format!(
                 "Buffer pool extension is already enabled at '{}' with {}; nothing changed.",
                 path.display(),

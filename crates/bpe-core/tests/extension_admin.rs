@@ -103,21 +103,21 @@ fn the_extension_file_is_private_exclusive_and_deleted_when_disabled() {
 }
 
 #[test]
-fn index_memory_is_reported_and_within_sixteen_bytes_per_slot() {
+fn index_memory_is_reported_and_within_22_bytes_per_4k_page() {
     let dir = tempdir();
     let engine = engine(64 << 20);
     engine
         .enable_extension(&dir.path().join("ext.bpe"), 256 << 20)
         .unwrap();
     let c = engine.counters();
-    let slots = (256u64 << 20) / 4096;
+    let pages = (256u64 << 20) / 4096;
     assert!(c.ext_index_bytes > 0);
     assert!(
-        c.ext_index_bytes <= 16 * slots,
-        "{} bytes for {slots} slots",
+        c.ext_index_bytes <= 22 * pages,
+        "{} bytes for {pages} pages of 4 KiB",
         c.ext_index_bytes
     );
-    assert_eq!(c.ext_free_pages, slots);
+    assert_eq!(c.ext_free_pages, pages);
     engine.check_invariants();
 }
 
@@ -131,7 +131,7 @@ fn memory_settings_are_validated() {
     }
     // An index needing more than half of memory blocks the shrink.
     engine
-        .enable_extension(&dir.path().join("ext.bpe"), 1 << 30)
+        .enable_extension(&dir.path().join("ext.bpe"), 512 << 20)
         .unwrap();
     let err = engine.set_max_memory(1 << 20).unwrap_err().to_string();
     assert!(err.contains("index"), "{err}");

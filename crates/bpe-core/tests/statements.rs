@@ -340,7 +340,7 @@ fn execution_refusals_carry_the_cores_reason() {
         &alter_on(&format!("FILENAME = '{}', SIZE = 64 MB", path.display())),
     )
     .unwrap_err();
-    assert!(matches!(err, StatementError::Execution { .. }));
+    assert!(matches!(err, StatementError::Invalid { .. }));
     let text = err.to_string();
     assert!(text.starts_with("Msg 868:"), "{text}");
     assert!(text.contains("64 MB") && text.contains("128 MB"), "{text}");
@@ -387,8 +387,10 @@ fn a_parse_error_anywhere_changes_nothing() {
     );
 }
 
+/// The whole text is validated against the settings each statement would leave before any
+/// runs: a refusal anywhere changes nothing, and the message says which statement.
 #[test]
-fn an_execution_failure_stops_the_rest_and_says_where() {
+fn a_refused_statement_anywhere_changes_nothing() {
     let dir = tempdir();
     let path = dir.path().join("ext.bpe");
     let e = engine();
@@ -400,14 +402,35 @@ fn an_execution_failure_stops_the_rest_and_says_where() {
     );
     let err = run(&e, &text).unwrap_err().to_string();
     assert!(
-        err.contains("Msg 868") && err.contains("statement 2 of 3"),
+        err.contains("Msg 868") && err.contains("statement 2 of 3; nothing was changed"),
         "{err}"
     );
-    assert_eq!(
-        e.max_memory(),
-        32 * MB,
-        "the first statement should have taken effect"
+    assert_eq!(e.max_memory(), 128 * MB, "the first statement took effect");
+    assert!(!path.exists());
+    // Checked against what the earlier statements leave: 32 MB of memory makes 64 MB valid.
+    let ok = format!(
+        "EXEC sp_configure 'max server memory (MB)', 32\n\
+         {ALTER} ON (FILENAME = '{}', SIZE = 64 MB)",
+        path.display()
     );
+    run(&e, &ok).unwrap();
+    assert_eq!(e.max_memory(), 32 * MB);
+    assert_eq!(e.extension_status().size_bytes, 64 * MB);
+    // An existing file named in the last statement: the memory change before it does not run.
+    let taken = dir.path().join("taken");
+    std::fs::write(&taken, b"x").unwrap();
+    let text = format!(
+        "EXEC sp_configure 'max server memory (MB)', 8; {ALTER} OFF; \
+         {ALTER} ON (FILENAME = '{}', SIZE = 64 MB)",
+        taken.display()
+    );
+    let err = run(&e, &text).unwrap_err().to_string();
+    assert!(
+        err.contains("statement 3 of 3; nothing was changed"),
+        "{err}"
+    );
+    assert_eq!(e.max_memory(), 32 * MB);
+    assert_eq!(e.extension_status().state, ExtensionState::Enabled);
     let err = run(&e, "EXEC sp_configure 'max server memory (MB)', 1000000000").unwrap_err();
     assert!(err.to_string().contains("physical memory"), "{err}");
 }

@@ -255,8 +255,19 @@ fn past_end_of_file_is_short_and_not_cached() {
     assert_eq!(engine.counters().database_pages, 0);
 }
 
+/// Descriptors of this process open on the file `path` names.
+fn open_descriptors_of(path: &std::path::Path) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let want = std::fs::metadata(path).unwrap().ino();
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::metadata(e.ok()?.path()).ok())
+        .filter(|m| m.ino() == want)
+        .count()
+}
+
 #[test]
-fn files_opened_twice_share_one_entry_and_closing_the_last_forgets_pages() {
+fn files_opened_twice_share_one_entry_and_closing_the_last_keeps_pages_for_a_reopen() {
     let dir = tempdir();
     let path = make_file(dir.path(), "data", 8, PAGE);
     let link = dir.path().join("alias");
@@ -269,13 +280,35 @@ fn files_opened_twice_share_one_entry_and_closing_the_last_forgets_pages() {
     assert_eq!(read(&engine, &b, 1).1, Tier::Memory);
     engine.close_file(&a);
     assert_eq!(
-        engine.counters().database_pages,
-        1,
+        read(&engine, &b, 1).1,
+        Tier::Memory,
         "pages kept while an opener remains"
     );
+    assert!(open_descriptors_of(&path) > 0);
     engine.close_file(&b);
-    assert_eq!(engine.counters().database_pages, 0);
-    assert!(engine.files().is_empty());
+    assert_eq!(
+        open_descriptors_of(&path),
+        0,
+        "descriptors outlived the last opener"
+    );
+    // A connection pool closes and reopens: the cache survives while the file is unchanged.
+    let c = engine.open_file(&path, PAGE).unwrap();
+    assert_eq!(c.id, a.id);
+    assert_eq!(
+        read(&engine, &c, 1).1,
+        Tier::Memory,
+        "reopen lost the cache"
+    );
+    engine.close_file(&c);
+    // Changed while nobody had it open: the reopen forgets what was cached.
+    let mut all = std::fs::read(&path).unwrap();
+    all[PAGE..2 * PAGE].copy_from_slice(&page_bytes(1, 7, PAGE));
+    std::fs::write(&path, all).unwrap();
+    let d = engine.open_file(&path, PAGE).unwrap();
+    let (bytes, tier) = read(&engine, &d, 1);
+    assert_eq!(decode(&bytes), Some((1, 7)), "stale page after a reopen");
+    assert_eq!(tier, Tier::DataFile);
+    assert_eq!(engine.counters().file_invalidations, 1);
 }
 
 #[test]
@@ -329,7 +362,10 @@ fn page_size_change_drops_the_files_cached_pages() {
     let f = engine.open_file(&path, PAGE).unwrap();
     read(&engine, &f, 2);
     engine.set_page_size(&f, 8192).unwrap();
-    assert_eq!(engine.counters().database_pages, 0);
+    assert!(
+        engine.descriptors().is_empty(),
+        "pages of the old size still cached"
+    );
     let mut buf = vec![0u8; 8192];
     engine.read_page(&f, 1, &mut buf).unwrap();
     assert_eq!(decode(&buf[..PAGE]), Some((2, 0)));

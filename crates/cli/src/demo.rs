@@ -13,7 +13,6 @@
 
 use crate::report::{thousands, Table};
 use anyhow::{bail, Context};
-use bpe_core::Engine;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rusqlite::Connection;
@@ -153,7 +152,7 @@ pub fn measure(o: &DemoOptions) -> anyhow::Result<DemoReport> {
     }
     // What the engine really runs with (the adapter's engine is the process-wide one); the
     // request only if the adapter keeps its engine elsewhere.
-    let emulation = match Engine::global() {
+    let emulation = match sqlite_bpe::existing_engine() {
         Some(engine) => engine.config().data_device.map(|d| (d.latency, d.iops)),
         None => Some((Duration::from_micros(o.latency_us), o.iops)),
     }
@@ -229,7 +228,7 @@ pub fn measure(o: &DemoOptions) -> anyhow::Result<DemoReport> {
 /// Asks the adapter for the emulated data device. It reads the variables when it creates the
 /// engine, which has to happen after this (once per process).
 fn request_emulation(o: &DemoOptions, warnings: &mut Vec<String>) {
-    if Engine::global().is_some() {
+    if sqlite_bpe::existing_engine().is_some() {
         warnings.push(
             "the engine already existed in this process: it keeps the data-device emulation it was created with"
                 .into(),
@@ -302,7 +301,7 @@ fn prepare(
     conn.query_row("SELECT sum(length(n)) FROM TestTable", [], |_| Ok(()))?;
     if extension.is_some() {
         // Pages the scan pushed out of RAM are still on their way to the extension.
-        if let Some(engine) = Engine::global() {
+        if let Some(engine) = sqlite_bpe::existing_engine() {
             engine.wait_for_extension_writes(Duration::from_secs(60));
         }
     }

@@ -60,9 +60,9 @@ pub fn vfs_find(name: Option<&CStr>) -> *mut sqlite3_vfs {
 
 /// # Safety
 /// `vfs` must stay valid and unmoved for the life of the process.
-pub unsafe fn vfs_register(vfs: *mut sqlite3_vfs) -> c_int {
+pub unsafe fn vfs_register(vfs: *mut sqlite3_vfs, make_default: bool) -> c_int {
     // SAFETY: forwarded contract.
-    unsafe { bpe_vfs_register(vfs, 0) }
+    unsafe { bpe_vfs_register(vfs, c_int::from(make_default)) }
 }
 
 pub fn auto_extension(

@@ -1,5 +1,5 @@
 //! Configuration from the environment, for applications that cannot run SQL. Read once, when
-//! the process-wide engine is created (the first load of the extension or `register()`).
+//! the extension is first loaded (or `register()` first runs).
 //!
 //! | variable | meaning |
 //! |---|---|
@@ -8,12 +8,19 @@
 //! | `BPE_DIRECT_IO` | `0` to read data files through the OS page cache (default `1`) |
 //! | `BPE_READAHEAD` | `0` to turn readahead off (default `1`) |
 //! | `BPE_DATA_LATENCY_US`, `BPE_DATA_IOPS` | emulate a slow data device: latency per read and an IOPS cap (benchmarks only) |
+//!
+//! The values go through the same checks as the same settings given in SQL (`check_max_memory`,
+//! `check_extension_size`, the extension path rules), with one difference in what a failure
+//! does: a value that is wrong in itself fails the load, naming the variable; an extension the
+//! machine cannot give right now (its path is taken, the disk is full) leaves the VFS working
+//! without it, with the reason in `sqlite3_log` and the extension's `last_failure`.
 
-use bpe_core::{Config, DeviceEmulation};
+use bpe_core::statements::{self, Statement};
+use bpe_core::{check_extension_size, check_max_memory, Config, DeviceEmulation, Engine};
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct EnvConfig {
     pub config: Config,
     pub extension: Option<(PathBuf, u64)>,
@@ -32,13 +39,13 @@ fn number(name: &str, value: &str) -> Result<u64, String> {
 
 fn flag(name: &str, value: &str) -> Result<bool, String> {
     match value.trim() {
-        "1" | "on" | "true" | "yes" => Ok(true),
-        "0" | "off" | "false" | "no" => Ok(false),
+        "1" => Ok(true),
+        "0" => Ok(false),
         _ => Err(format!("{name}={value:?} must be 0 or 1")),
     }
 }
 
-/// Parses a size such as `4GB`, `512 MB`, `64KB` (unit required).
+/// Parses a size such as `4GB`, `512 MB`, `64KB` (unit required; binary units).
 pub fn parse_size(name: &str, value: &str) -> Result<u64, String> {
     let v = value.trim().to_ascii_uppercase();
     let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
@@ -74,14 +81,11 @@ impl EnvConfig {
         let mut config = Config::default();
         if let Some(v) = var("BPE_MAX_SERVER_MEMORY_MB") {
             let mb = number("BPE_MAX_SERVER_MEMORY_MB", &v)?;
-            config.max_memory = mb
+            let bytes = mb
                 .checked_mul(1 << 20)
                 .ok_or_else(|| format!("BPE_MAX_SERVER_MEMORY_MB={v} overflows"))?;
-            if config.max_memory < bpe_core::config::MIN_MAX_MEMORY {
-                return Err(format!(
-                    "BPE_MAX_SERVER_MEMORY_MB={v} is below the minimum of 1 MB"
-                ));
-            }
+            check_max_memory(bytes, 0).map_err(|e| format!("BPE_MAX_SERVER_MEMORY_MB={v}: {e}"))?;
+            config.max_memory = bytes;
         }
         if let Some(v) = var("BPE_DIRECT_IO") {
             config.direct_io = flag("BPE_DIRECT_IO", &v)?;
@@ -93,22 +97,48 @@ impl EnvConfig {
             .map(|v| number("BPE_DATA_LATENCY_US", &v))
             .transpose()?;
         let iops = var("BPE_DATA_IOPS")
-            .map(|v| number("BPE_DATA_IOPS", &v))
+            .map(|v| {
+                let n = number("BPE_DATA_IOPS", &v)?;
+                u32::try_from(n).map_err(|_| format!("BPE_DATA_IOPS={v} is above {}", u32::MAX))
+            })
             .transpose()?;
         if latency.is_some() || iops.is_some() {
-            config.data_device = Some(DeviceEmulation {
+            let emulation = DeviceEmulation {
                 latency: Duration::from_micros(latency.unwrap_or(0)),
-                iops: iops.unwrap_or(0).min(u32::MAX as u64) as u32,
-            });
+                iops: iops.unwrap_or(0),
+            };
+            emulation
+                .validate()
+                .map_err(|e| format!("BPE_DATA_LATENCY_US: {e}"))?;
+            config.data_device = Some(emulation);
         }
         let extension = match (var("BPE_EXTENSION_FILE"), var("BPE_EXTENSION_SIZE")) {
             (None, None) => None,
-            (Some(path), Some(size)) => Some((
-                PathBuf::from(path),
-                parse_size("BPE_EXTENSION_SIZE", &size)?,
-            )),
+            (Some(path), Some(size)) => {
+                let bytes = parse_size("BPE_EXTENSION_SIZE", &size)?;
+                check_extension_size(bytes, config.max_memory)
+                    .map_err(|e| format!("BPE_EXTENSION_SIZE={size}: {e}"))?;
+                Some((PathBuf::from(path), bytes))
+            }
             _ => return Err("BPE_EXTENSION_FILE and BPE_EXTENSION_SIZE go together".into()),
         };
         Ok(EnvConfig { config, extension })
+    }
+
+    /// Carries the settings out on a new engine: the extension, through the same statement SQL
+    /// would run. If the machine refuses it, the VFS works without it (see the module comment).
+    pub fn apply(&self, engine: &Engine) {
+        let Some((path, size)) = &self.extension else {
+            return;
+        };
+        let on = Statement::ExtensionOn {
+            path: path.clone(),
+            size_bytes: *size,
+        };
+        if let Err(e) = statements::run_statements(engine, &[on]) {
+            let reason = format!("BPE_EXTENSION_FILE: {e}");
+            crate::api::log(libsqlite3_sys::SQLITE_WARNING, &reason);
+            engine.note_extension_failure(reason);
+        }
     }
 }

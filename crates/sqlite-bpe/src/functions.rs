@@ -19,6 +19,15 @@ unsafe extern "C" fn bpe_exec(
     argc: c_int,
     argv: *mut *mut sqlite3_value,
 ) {
+    crate::ffi::guard((), "bpe_exec", || {
+        // SAFETY: forwarded from SQLite's call.
+        unsafe { bpe_exec_inner(ctx, argc, argv) }
+    })
+}
+
+/// # Safety
+/// As an SQL function: `argv` holds `argc` values.
+unsafe fn bpe_exec_inner(ctx: *mut sqlite3_context, argc: c_int, argv: *mut *mut sqlite3_value) {
     let ctx = Context(ctx);
     if argc != 1 {
         return ctx.error("bpe_exec takes one argument: the statement text");
@@ -28,7 +37,7 @@ unsafe extern "C" fn bpe_exec(
     let Some(text) = text else {
         return ctx.error("bpe_exec: the statement is NULL or not text");
     };
-    match bpe_core::statements::run(crate::engine(), &text) {
+    match bpe_core::statements::run(&crate::engine(), &text) {
         Ok(status) => ctx.text(&status),
         Err(e) => ctx.error(&e.to_string()),
     }

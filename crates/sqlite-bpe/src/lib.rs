@@ -7,9 +7,11 @@
 
 mod api;
 mod env_config;
+mod ffi;
 mod functions;
 mod page_decode;
 mod pragmas;
+mod process;
 mod vfs;
 mod vtab;
 
@@ -26,35 +28,28 @@ pub const VFS_NAME: &str = "bpe";
 /// SQLite's code for "loaded, never unload me" (the VFS must outlive every connection).
 const SQLITE_OK_LOAD_PERMANENTLY: c_int = 256;
 
-/// The process-wide engine, created from the environment on first use.
-pub fn engine() -> &'static Arc<Engine> {
-    Engine::global_with(|| ENV.get().map(|e| e.config.clone()).unwrap_or_default())
+/// The process-wide engine, created on first use from the configuration read at load (and
+/// anew in a forked child: see `process.rs`).
+pub fn engine() -> Arc<Engine> {
+    process::engine()
 }
 
-static ENV: OnceLock<EnvConfig> = OnceLock::new();
+/// The process-wide engine if it was created already.
+pub fn existing_engine() -> Option<Arc<Engine>> {
+    process::existing()
+}
+
 static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
 
-/// Creates the engine and registers the VFS and the auto-extension, once per process.
+/// Reads the configuration, creates the engine and registers the VFS and the auto-extension,
+/// once per process.
 fn install_process_wide() -> Result<(), String> {
     INSTALLED
         .get_or_init(|| {
-            let env = EnvConfig::from_env()?;
-            let extension = env.extension.clone();
-            let _ = ENV.set(env);
-            let engine = engine();
-            if let Some((path, size)) = extension {
-                if engine.extension_status().path.is_none() {
-                    // A cache tier that cannot start costs speed, not availability: the VFS is
-                    // registered anyway, and the reason is logged and kept in the status
-                    // (bpe_extension_configuration.last_failure).
-                    if let Err(e) = engine.enable_extension(&path, size) {
-                        let reason = format!("BPE_EXTENSION_FILE: {e}");
-                        api::log(libsqlite3_sys::SQLITE_WARNING, &reason);
-                        engine.note_extension_failure(reason);
-                    }
-                }
-            }
-            vfs::register()?;
+            process::configure(EnvConfig::from_env()?);
+            // Created now, so that an extension configured in the environment starts at load.
+            engine();
+            vfs::register(false)?;
             if api::auto_extension(connection_init) != SQLITE_OK {
                 return Err("cannot register the bpe auto-extension".into());
             }
@@ -75,10 +70,10 @@ unsafe extern "C" fn connection_init(
     _err: *mut *mut c_char,
     _api: *const sqlite3_api_routines,
 ) -> c_int {
-    match install_on(db) {
+    ffi::guard(SQLITE_ERROR, "connection init", || match install_on(db) {
         Ok(()) => SQLITE_OK,
         Err(_) => SQLITE_ERROR,
-    }
+    })
 }
 
 /// The loadable-extension entry point, found by SQLite from the library's file name
@@ -94,7 +89,10 @@ pub unsafe extern "C" fn sqlite3_sqlitebpe_init(
 ) -> c_int {
     // SAFETY: api is the host's routines table, valid for the life of the process.
     unsafe { api::set_api(api) };
-    match install_process_wide().and_then(|_| install_on(db)) {
+    let result = ffi::guard(Err("internal error while loading".into()), "load", || {
+        install_process_wide().and_then(|_| install_on(db))
+    });
+    match result {
         Ok(()) => SQLITE_OK_LOAD_PERMANENTLY,
         Err(msg) => {
             if !err.is_null() {

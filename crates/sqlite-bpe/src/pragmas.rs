@@ -10,14 +10,16 @@
 //! | `PRAGMA bpe_drop_clean_buffers` | empty both tiers (DBCC DROPCLEANBUFFERS) |
 
 use crate::env_config::parse_size;
+use bpe_core::statements::{run_statements, Statement};
 
 /// Runs a bpe PRAGMA. None: not ours (SQLite handles it); Some(Ok(text)) / Some(Err(message)).
 pub fn run(name: &str, value: Option<&str>) -> Option<Result<String, String>> {
     let name = name.to_ascii_lowercase();
     let value = value.map(|v| v.trim().trim_matches(|c| c == '\'' || c == '"'));
+    let engine = crate::engine();
     let statement = match (name.as_str(), value) {
         ("bpe_max_server_memory_mb", None) => {
-            return Some(Ok((crate::engine().max_memory() >> 20).to_string()));
+            return Some(Ok((engine.max_memory() >> 20).to_string()));
         }
         ("bpe_max_server_memory_mb", Some(v)) => {
             if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
@@ -25,10 +27,15 @@ pub fn run(name: &str, value: Option<&str>) -> Option<Result<String, String>> {
                     "bpe_max_server_memory_mb: {v:?} is not a whole number of MB"
                 )));
             }
-            format!("EXEC sp_configure 'max server memory (MB)', {v}")
+            match v.parse() {
+                Ok(megabytes) => Statement::MaxServerMemory { megabytes },
+                Err(_) => {
+                    return Some(Err(format!("bpe_max_server_memory_mb: {v:?} is too large")))
+                }
+            }
         }
         ("bpe_extension", None) => {
-            let s = crate::engine().extension_status();
+            let s = engine.extension_status();
             let path = s.path.map(|p| p.display().to_string()).unwrap_or_default();
             let mut out = format!("{} {} {}", s.state.description(), path, s.size_bytes);
             if let Some(f) = s.last_failure {
@@ -36,9 +43,7 @@ pub fn run(name: &str, value: Option<&str>) -> Option<Result<String, String>> {
             }
             return Some(Ok(out));
         }
-        ("bpe_extension", Some(v)) if v.eq_ignore_ascii_case("off") => {
-            "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF".to_string()
-        }
+        ("bpe_extension", Some(v)) if v.eq_ignore_ascii_case("off") => Statement::ExtensionOff,
         ("bpe_extension", Some(v)) => {
             let Some((path, size)) = v.rsplit_once(',') else {
                 return Some(Err(format!(
@@ -49,14 +54,19 @@ pub fn run(name: &str, value: Option<&str>) -> Option<Result<String, String>> {
                 Ok(b) => b,
                 Err(e) => return Some(Err(e)),
             };
-            format!(
-                "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '{}', SIZE = {} KB)",
-                path.trim().replace('\'', "''"),
-                bytes / 1024
-            )
+            let path = std::path::PathBuf::from(path.trim());
+            if !path.is_absolute() {
+                return Some(Err(format!(
+                    "bpe_extension: the path {path:?} must be absolute"
+                )));
+            }
+            Statement::ExtensionOn {
+                path,
+                size_bytes: bytes,
+            }
         }
-        ("bpe_drop_clean_buffers", _) => "DBCC DROPCLEANBUFFERS".to_string(),
+        ("bpe_drop_clean_buffers", _) => Statement::DropCleanBuffers,
         _ => return None,
     };
-    Some(bpe_core::statements::run(crate::engine(), &statement).map_err(|e| e.to_string()))
+    Some(run_statements(&engine, &[statement]).map_err(|e| e.to_string()))
 }

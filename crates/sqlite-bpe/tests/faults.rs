@@ -34,7 +34,7 @@ const WAIT: Duration = Duration::from_secs(20);
 const ENABLED: &str = "BUFFER POOL EXTENSION ENABLED";
 const DISABLED: &str = "BUFFER POOL EXTENSION DISABLED";
 
-fn engine() -> &'static bpe_core::Engine {
+fn engine() -> std::sync::Arc<bpe_core::Engine> {
     sqlite_bpe::engine()
 }
 
@@ -48,7 +48,8 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 fn clear_faults() {
-    let f = engine().faults();
+    let e = engine();
+    let f = e.faults();
     f.fail_extension_reads(0);
     f.fail_extension_writes(0);
     f.corrupt_extension_reads(0);

@@ -183,7 +183,7 @@ impl Policy for Ours {
                 true
             }
             Lookup::Load(ticket) => {
-                let frame = Frame::new(key, vec![0u8; self.page_size].into(), 0, 0, false);
+                let frame = Frame::new(key, vec![0u8; self.page_size].into(), 0, 0, false, None);
                 self.pool
                     .finish_load(ticket, frame, LoadSource::DataFile, &NoSink);
                 false

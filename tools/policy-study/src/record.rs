@@ -66,7 +66,7 @@ fn lookup(conn: &Connection, id: i64) {
 /// Records the study's traces: (name, lookups).
 pub fn record_all(dir: &Path) -> Vec<(String, Vec<PageKey>)> {
     sqlite_bpe::register().expect("register the bpe VFS");
-    let engine = Engine::global().expect("engine");
+    let engine = sqlite_bpe::existing_engine().expect("engine");
     let conn = build(&dir.join("study.db"));
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let zipf = Zipf::new(ROWS as u64, 1.0).unwrap();
@@ -74,7 +74,7 @@ pub fn record_all(dir: &Path) -> Vec<(String, Vec<PageKey>)> {
 
     out.push((
         "uniform lookups (seed 003)".to_string(),
-        traced(engine, || {
+        traced(&engine, || {
             for _ in 0..LOOKUPS {
                 lookup(&conn, rng.gen_range(1..=ROWS));
             }
@@ -82,7 +82,7 @@ pub fn record_all(dir: &Path) -> Vec<(String, Vec<PageKey>)> {
     ));
     out.push((
         "zipf lookups + full scans".to_string(),
-        traced(engine, || {
+        traced(&engine, || {
             for i in 0..LOOKUPS {
                 if i % 10_000 == 5_000 {
                     scan(&conn);
@@ -93,7 +93,7 @@ pub fn record_all(dir: &Path) -> Vec<(String, Vec<PageKey>)> {
     ));
     out.push((
         "oltp: zipf lookups by index, updates, inserts".to_string(),
-        traced(engine, || {
+        traced(&engine, || {
             let mut next = ROWS + 1;
             for _ in 0..LOOKUPS {
                 let id = zipf.sample(&mut rng) as i64;

@@ -11,10 +11,12 @@ use crate::config::{READAHEAD_BYTES, READAHEAD_TRIGGER};
 use crate::counters::Counters;
 use crate::extension::Extension;
 use crate::files::FileHandle;
+use crate::io::{DataDevice, Instrumented};
 use crate::page::{PageKey, Tier};
 use crate::pool::{Frame, LoadSource, Lookup, Ticket};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The outcome of a page read.
@@ -27,9 +29,26 @@ pub struct PageRead {
     pub len: usize,
 }
 
+/// How a read or write reaches the data file: the caller's device, if it brings one (SQLite's
+/// own file methods), else the file's own descriptors. Reads prefer the O_DIRECT descriptor
+/// whatever the caller brings, so that the OS page cache never stands in for the tiers.
+#[derive(Clone, Copy)]
+pub struct Via<'a>(pub Option<&'a dyn DataDevice>);
+
 impl Engine {
     /// Reads page `page` of `file` into `buf` (exactly one page).
     pub fn read_page(&self, file: &FileHandle, page: u64, buf: &mut [u8]) -> Result<PageRead> {
+        self.read_page_via(file, page, buf, Via(None))
+    }
+
+    /// Reads page `page` of `file` into `buf`, reaching the data file through `via` on a miss.
+    pub fn read_page_via(
+        &self,
+        file: &FileHandle,
+        page: u64,
+        buf: &mut [u8],
+        via: Via<'_>,
+    ) -> Result<PageRead> {
         let page_size = file.page_size();
         if buf.len() != page_size {
             return Err(Error::BufferSize {
@@ -37,7 +56,7 @@ impl Engine {
                 page_size,
             });
         }
-        let key = PageKey::new(file.id, page);
+        let key = PageKey::new(file.key(), page);
         self.counters.page_lookups.bump();
         if self.tracing.load(Relaxed) {
             self.trace.lock().push(key);
@@ -55,7 +74,7 @@ impl Engine {
                 }
                 Lookup::Wait(pending) => pending.wait(),
                 Lookup::Load(ticket) => {
-                    if let Some(read) = self.load(file, ticket, buf)? {
+                    if let Some(read) = self.load(file, ticket, buf, via)? {
                         return Ok(read);
                     }
                     // A write to this page started while we read it: read it again.
@@ -65,12 +84,18 @@ impl Engine {
     }
 
     /// Fetches a missed page from L2 or the data file. None if a racing write voided the read.
-    fn load(&self, file: &FileHandle, ticket: Ticket, buf: &mut [u8]) -> Result<Option<PageRead>> {
+    fn load(
+        &self,
+        file: &FileHandle,
+        ticket: Ticket,
+        buf: &mut [u8],
+        via: Via<'_>,
+    ) -> Result<Option<PageRead>> {
         let started = Instant::now();
         let key = ticket.key;
         if let Some(ext) = self.current_extension() {
             if ext.read(key, buf) {
-                let frame = self.frame(key, buf, started, false);
+                let frame = self.frame(file, key, buf, started, false);
                 if self.config.readahead && file.extension_readahead.on_miss(key.page) {
                     self.extension_readahead(file, &ext, key, buf.len());
                 }
@@ -83,7 +108,7 @@ impl Engine {
                     }));
             }
         }
-        let len = match self.read_data_file(file, key, buf) {
+        let len = match self.read_data_file(file, key, buf, via) {
             Ok(n) => n,
             Err(e) => {
                 self.pool.abort(ticket);
@@ -99,7 +124,7 @@ impl Engine {
             self.pool.abort(ticket);
             return Ok(Some(read));
         }
-        let frame = self.frame(key, buf, started, false);
+        let frame = self.frame(file, key, buf, started, false);
         Ok(self
             .pool
             .finish_load(ticket, frame, LoadSource::DataFile, self)
@@ -111,7 +136,7 @@ impl Engine {
     fn extension_readahead(
         &self,
         file: &FileHandle,
-        ext: &Extension,
+        ext: &Arc<Extension>,
         key: PageKey,
         page_size: usize,
     ) {
@@ -127,7 +152,7 @@ impl Engine {
         for (i, ticket) in tickets.into_iter().enumerate() {
             match run.as_ref().filter(|_| i < verified) {
                 Some(run) => {
-                    let frame = self.frame(ticket.key, run.page(i), started, true);
+                    let frame = self.frame(file, ticket.key, run.page(i), started, true);
                     self.pool
                         .finish_load(ticket, frame, LoadSource::Extension, self);
                     fetched += 1;
@@ -139,14 +164,62 @@ impl Engine {
             .fetched_until(key.page + 1 + fetched);
     }
 
-    fn frame(&self, key: PageKey, data: &[u8], started: Instant, prefetched: bool) -> Frame {
+    fn frame(
+        &self,
+        file: &FileHandle,
+        key: PageKey,
+        data: &[u8],
+        started: Instant,
+        prefetched: bool,
+    ) -> Frame {
         let micros = started.elapsed().as_micros().min(u32::MAX as u128) as u32;
-        Frame::new(key, data.into(), self.now_ms(), micros, prefetched)
+        let cell = Some(file.key_cell().clone());
+        Frame::new(key, data.into(), self.now_ms(), micros, prefetched, cell)
+    }
+
+    /// One read of the data file, through the O_DIRECT descriptor if the file has one, else
+    /// through `via`, with emulation and fault injection in front (benchmarks and tests).
+    fn device_read(
+        &self,
+        file: &FileHandle,
+        via: Via<'_>,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let data = file.data();
+        let own: Option<&dyn DataDevice> = data.as_deref().map(|d| d as &dyn DataDevice);
+        let device = match (data.as_deref(), via.0) {
+            (Some(d), _) if d.is_direct() => own,
+            (_, Some(v)) => Some(v),
+            _ => own,
+        };
+        let Some(device) = device else {
+            return Err(Error::DataIo {
+                path: file.path().to_path_buf(),
+                source: std::io::Error::other("the file is not open"),
+            });
+        };
+        Instrumented {
+            inner: device,
+            emulator: self.emulator.as_deref(),
+            faults: &self.faults,
+        }
+        .read_at(offset, buf)
+        .map_err(|source| Error::DataIo {
+            path: file.path().to_path_buf(),
+            source,
+        })
     }
 
     /// Reads a page from the data file; on a sequential run, also the pages after it in one
     /// larger read, installed in L1 as prefetched.
-    fn read_data_file(&self, file: &FileHandle, key: PageKey, buf: &mut [u8]) -> Result<usize> {
+    fn read_data_file(
+        &self,
+        file: &FileHandle,
+        key: PageKey,
+        buf: &mut [u8],
+        via: Via<'_>,
+    ) -> Result<usize> {
         let page_size = buf.len();
         let offset = key.page * page_size as u64;
         let sequential = self.config.readahead && file.readahead.on_miss(key.page);
@@ -156,13 +229,13 @@ impl Engine {
             Vec::new()
         };
         if tickets.is_empty() {
-            let n = file.data.read_at(offset, buf)?;
+            let n = self.device_read(file, via, offset, buf)?;
             Counters::bump(&self.counters.page_reads);
             return Ok(n);
         }
         let started = Instant::now();
         let mut chunk = vec![0u8; page_size * (1 + tickets.len())];
-        let got = match file.data.read_at(offset, &mut chunk) {
+        let got = match self.device_read(file, via, offset, &mut chunk) {
             Ok(n) => n,
             Err(e) => {
                 tickets
@@ -180,7 +253,7 @@ impl Engine {
             };
             let part = &chunk[(i + 1) * page_size..(i + 2) * page_size];
             if (i + 2) * page_size <= got {
-                let frame = self.frame(ticket.key, part, started, true);
+                let frame = self.frame(file, ticket.key, part, started, true);
                 self.pool
                     .finish_load(ticket, frame, LoadSource::DataFile, self);
                 fetched += 1;
@@ -206,7 +279,11 @@ impl Engine {
         page_size: usize,
     ) -> Result<Vec<Option<Ticket>>> {
         let window = (READAHEAD_BYTES / page_size).max(READAHEAD_TRIGGER as usize) as u64;
-        let file_pages = file.data.size()? / page_size as u64;
+        let size = match file.data() {
+            Some(d) => d.size()?,
+            None => 0,
+        };
+        let file_pages = size / page_size as u64;
         let end = (key.page + window).min(file_pages);
         let mut tickets: Vec<Option<Ticket>> = (key.page + 1..end)
             .map(|page| self.pool.try_prefetch(PageKey::new(key.file, page)))
@@ -219,6 +296,18 @@ impl Engine {
 
     /// Writes page `page` of `file` through to the data file, then caches the clean copy.
     pub fn write_page(&self, file: &FileHandle, page: u64, data: &[u8]) -> Result<()> {
+        self.write_page_via(file, page, data, Via(None))
+    }
+
+    /// Writes page `page` of `file` through `via` (or the file's own descriptor), then caches
+    /// the clean copy. The L2 copy is dropped before the data file is touched.
+    pub fn write_page_via(
+        &self,
+        file: &FileHandle,
+        page: u64,
+        data: &[u8],
+        via: Via<'_>,
+    ) -> Result<()> {
         let page_size = file.page_size();
         if data.len() != page_size {
             return Err(Error::BufferSize {
@@ -226,47 +315,65 @@ impl Engine {
                 page_size,
             });
         }
-        let key = PageKey::new(file.id, page);
+        let key = PageKey::new(file.key(), page);
         let ticket = self.pool.begin_write(key);
         // After begin_write no eviction can re-admit the old bytes, so this drop is final.
         if let Some(ext) = self.extension.read().as_ref() {
             ext.invalidate(key);
         }
-        match file.data.write_at(page * page_size as u64, data) {
+        let own = file.data();
+        let written = match (via.0, own.as_deref()) {
+            (Some(v), _) => v.write_at(page * page_size as u64, data),
+            (None, Some(d)) => d.write_at(page * page_size as u64, data),
+            (None, None) => Err(std::io::Error::other("the file is not open")),
+        };
+        match written {
             Ok(()) => {
                 Counters::bump(&self.counters.page_writes);
-                let frame = Frame::new(key, data.into(), self.now_ms(), 0, false);
+                let cell = Some(file.key_cell().clone());
+                let frame = Frame::new(key, data.into(), self.now_ms(), 0, false, cell);
                 self.pool.finish_write(ticket, Some(frame), self);
                 Ok(())
             }
-            Err(e) => {
+            Err(source) => {
                 // What reached the disk is unknown: cache nothing of this page.
                 self.pool.finish_write(ticket, None, self);
-                Err(e)
+                Err(Error::DataIo {
+                    path: file.path().to_path_buf(),
+                    source,
+                })
             }
         }
     }
 
-    /// Reads bytes that are not a whole page (a file header) straight from the data file.
-    pub fn read_uncached(&self, file: &FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        file.data.read_at(offset, buf)
+    /// Forgets cached pages past a new end of the file (the caller truncated it).
+    pub fn truncated(&self, file: &FileHandle, len: u64) {
+        self.forget_pages_from(file.key(), len.div_ceil(file.page_size() as u64));
     }
 
-    /// Truncates the data file and forgets cached pages past the new end.
+    /// Truncates the data file through its own descriptor and forgets cached pages past the end.
     pub fn truncate(&self, file: &FileHandle, len: u64) -> Result<()> {
-        file.data.truncate(len)?;
-        self.forget_pages(file.id, len.div_ceil(file.page_size() as u64));
+        if let Some(d) = file.data() {
+            d.truncate(len)?;
+        }
+        self.truncated(file, len);
         Ok(())
     }
 
-    /// Makes previous writes durable (and drops them from the OS page cache).
+    /// Makes previous writes through the file's own descriptor durable (and drops them from the
+    /// OS page cache).
     pub fn sync(&self, file: &FileHandle) -> Result<()> {
-        file.data.sync()
+        match file.data() {
+            Some(d) => d.sync(),
+            None => Ok(()),
+        }
     }
 
     /// Drops the file's clean pages from the OS page cache: for callers that made the writes
     /// durable themselves (SQLite's xSync on its own descriptor of the same file).
     pub fn release_os_cache(&self, file: &FileHandle) {
-        file.data.release_os_cache();
+        if let Some(d) = file.data() {
+            d.release_os_cache();
+        }
     }
 }

@@ -3,27 +3,35 @@
 //! - `data_path.rs`: where a page goes on a read and on a write (the only place).
 //! - `admin.rs`: the operator's controls (memory, extension on/off/resize, drop clean buffers).
 //! - `observe.rs`: counters, buffer descriptors, extension configuration.
+//! - this file: the engine's parts, the file lifecycle (see `files.rs`), and what the extension
+//!   asks of the engine (index memory, retiring it after faults).
+//!
+//! Locks are taken in the order of `sync::Rank` (checked in debug builds); no getter changes
+//! state.
 
 mod admin;
 mod data_path;
 mod observe;
 
-pub use admin::{ExtensionState, ExtensionStatus};
-pub use data_path::PageRead;
+pub use admin::{
+    check_extension_size, check_max_memory, effective_extension_size, ExtensionState,
+    ExtensionStatus, Settings,
+};
+pub use data_path::{PageRead, Via};
 pub use observe::BufferDescriptor;
 
-use crate::config::Config;
+use crate::config::{Config, INDEX_BUDGET_DIVISOR};
 use crate::counters::Counters;
-use crate::extension::Extension;
-use crate::files::{FileHandle, FileRegistry};
+use crate::extension::{Extension, ExtensionHost};
+use crate::files::{FileHandle, FileRegistry, OpenKind, OpenRequest};
 use crate::io::{Emulator, FaultInjector};
-use crate::page::PageKey;
+use crate::page::{FileKey, PageKey};
 use crate::pool::{BufferPool, EvictionSink, Frame};
+use crate::sync::{Mutex, Rank, RwLock};
 use crate::Result;
-use parking_lot::{Mutex, RwLock};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 pub struct Engine {
@@ -33,52 +41,45 @@ pub struct Engine {
     status: Mutex<ExtensionStatus>,
     /// Serializes operator actions (enable, disable, resize, memory changes).
     admin: Mutex<()>,
+    /// Serializes changes of L1's target (max server memory less the extension's index).
+    memory: Mutex<()>,
     files: Mutex<FileRegistry>,
+    /// The next file key (see `page.rs`); 0 is never used.
+    next_key: AtomicU32,
     max_memory: AtomicU64,
     counters: Arc<Counters>,
     faults: Arc<FaultInjector>,
     emulator: Option<Arc<Emulator>>,
+    /// The extension file's descriptor (-1 without one), readable without a lock: a forked
+    /// child closes it, so that the parent's lock on it is not held by the child.
+    extension_fd: AtomicI32,
     epoch: Instant,
     tracing: AtomicBool,
     trace: Mutex<Vec<PageKey>>,
+    me: Weak<Engine>,
 }
-
-static GLOBAL: OnceLock<Arc<Engine>> = OnceLock::new();
 
 impl Engine {
     pub fn new(config: Config) -> Arc<Engine> {
-        Arc::new(Engine {
+        Arc::new_cyclic(|me| Engine {
             pool: BufferPool::new(config.max_memory),
-            extension: RwLock::new(None),
-            status: Mutex::new(ExtensionStatus::default()),
-            admin: Mutex::new(()),
-            files: Mutex::new(FileRegistry::default()),
+            extension: RwLock::new(Rank::ExtensionSlot, None),
+            status: Mutex::new(Rank::Status, ExtensionStatus::default()),
+            admin: Mutex::new(Rank::Admin, ()),
+            memory: Mutex::new(Rank::Memory, ()),
+            files: Mutex::new(Rank::Files, FileRegistry::default()),
+            next_key: AtomicU32::new(1),
             max_memory: AtomicU64::new(config.max_memory),
             counters: Arc::new(Counters::default()),
             faults: Arc::new(FaultInjector::default()),
             emulator: config.data_device.map(|m| Arc::new(Emulator::new(m))),
+            extension_fd: AtomicI32::new(-1),
             epoch: Instant::now(),
             tracing: AtomicBool::new(false),
-            trace: Mutex::new(Vec::new()),
+            trace: Mutex::new(Rank::Leaf, Vec::new()),
+            me: me.clone(),
             config,
         })
-    }
-
-    /// The process-wide engine, created on first use with `config()`.
-    pub fn global_with(config: impl FnOnce() -> Config) -> &'static Arc<Engine> {
-        GLOBAL.get_or_init(|| {
-            let engine = Engine::new(config());
-            // The extension file holds pages in the clear: remove it when the process exits.
-            // SAFETY: atexit only stores the function pointer; remove_extension_at_exit is
-            // extern "C", never unwinds, and touches only the global engine.
-            unsafe { libc::atexit(remove_extension_at_exit) };
-            engine
-        })
-    }
-
-    /// The process-wide engine if one was created.
-    pub fn global() -> Option<&'static Arc<Engine>> {
-        GLOBAL.get()
     }
 
     pub fn config(&self) -> &Config {
@@ -93,60 +94,94 @@ impl Engine {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// Opens (or shares) a data file whose pages are `page_size` bytes.
+    /// Opens (or shares) a data file whose pages are `page_size` bytes, by name.
     pub fn open_file(&self, path: &Path, page_size: usize) -> Result<FileHandle> {
-        self.files.lock().open(
+        self.open_file_with(&OpenRequest {
             path,
+            open_from: path,
+            expect: None,
             page_size,
-            &self.config,
-            self.emulator.clone(),
-            self.faults.clone(),
-        )
+        })
+        .map(|(f, _)| f)
     }
 
-    /// Releases a handle; after the last one, the file's cached pages are forgotten (nothing
-    /// then watches the file for changes by other processes). The descriptors close when the
-    /// last `FileHandle` clone is dropped.
-    pub fn close_file(&self, file: &FileHandle) {
-        if self.files.lock().close(file) {
-            self.forget_pages(file.id, 0);
+    /// Opens (or shares, or reopens) a data file as `req` says; see `files.rs` for the lifecycle.
+    pub fn open_file_with(&self, req: &OpenRequest<'_>) -> Result<(FileHandle, OpenKind)> {
+        let mut files = self.files.lock();
+        self.renumber_if_keys_run_out(&files);
+        let opened = files.open(req, &self.config, &mut || self.allocate_key())?;
+        if let (_, OpenKind::Reopened { changed: true, .. }) = &opened {
+            Counters::bump(&self.counters.file_invalidations);
         }
+        Ok(opened)
     }
 
-    /// Changes a file's page size (SQLite's VACUUM can). Its cached pages are dropped.
+    /// Releases a handle. After the last one the descriptors close; the cached pages stay for a
+    /// reopen (which checks first that the file did not change meanwhile).
+    pub fn close_file(&self, file: &FileHandle) {
+        self.files.lock().close(file);
+    }
+
+    /// Changes a file's page size (SQLite's VACUUM can). Its cached pages are forgotten.
     pub fn set_page_size(&self, file: &FileHandle, page_size: usize) -> Result<()> {
         crate::config::check_page_size(page_size)?;
         if file.page_size() != page_size {
+            let files = self.files.lock();
+            self.renumber_if_keys_run_out(&files);
             file.store_page_size(page_size);
-            self.forget_pages(file.id, 0);
+            file.set_key(self.allocate_key());
         }
         Ok(())
     }
 
-    /// Forgets every cached copy of `file`'s pages: for when another process may have changed it.
+    /// Forgets every cached copy of `file`'s pages (another process changed it): the file gets a
+    /// new key, so nothing cached under the old one can be found again. O(1).
     pub fn invalidate_file(&self, file: &FileHandle) {
         Counters::bump(&self.counters.file_invalidations);
-        self.forget_pages(file.id, 0);
+        let files = self.files.lock();
+        self.renumber_if_keys_run_out(&files);
+        file.set_key(self.allocate_key());
     }
 
-    fn forget_pages(&self, file: crate::page::FileId, first_page: u64) {
-        if first_page == 0 {
-            self.pool.invalidate(Some(file));
-        } else {
-            self.pool.invalidate_from(file, first_page);
+    /// A key never used before. Called under the registry lock, after
+    /// `renumber_if_keys_run_out`, which keeps the counter far from wrapping.
+    fn allocate_key(&self) -> FileKey {
+        self.next_key.fetch_add(1, Relaxed)
+    }
+
+    /// Near the end of the key space (after ~2^32 invalidations), empties both tiers and gives
+    /// every file a fresh key from 1 on: no key is reused while a copy cached under it remains.
+    /// A load still in flight under a key from before is voided by the purge, and keys from 1 on
+    /// were last used 2^32 keys ago.
+    fn renumber_if_keys_run_out(&self, files: &FileRegistry) {
+        const HEADROOM: u32 = 1 << 20;
+        if self.next_key.load(Relaxed) < u32::MAX - HEADROOM {
+            return;
         }
+        self.drop_clean_buffers();
+        let mut next = 1;
+        for f in files.all() {
+            f.set_key(next);
+            next += 1;
+        }
+        self.next_key.store(next, Relaxed);
+    }
+
+    /// Forgets cached pages of `file` from `first_page` on, in both tiers (after a truncate).
+    fn forget_pages_from(&self, file: FileKey, first_page: u64) {
+        self.pool.invalidate_from(file, first_page);
         if let Some(ext) = self.current_extension() {
             ext.invalidate_where(Some(file), first_page);
         }
     }
 
+    /// The extension, if one is enabled and working. A pure read.
     pub(crate) fn current_extension(&self) -> Option<Arc<Extension>> {
-        let ext = self.extension.read().clone()?;
-        if let Some(reason) = ext.failure() {
-            self.retire_failed_extension(&ext, reason);
-            return None;
-        }
-        Some(ext)
+        self.extension
+            .read()
+            .as_ref()
+            .filter(|e| e.failure().is_none())
+            .cloned()
     }
 
     /// Starts or stops recording every page lookup (for replacement-policy studies).
@@ -156,6 +191,56 @@ impl Engine {
 
     pub fn take_trace(&self) -> Vec<PageKey> {
         std::mem::take(&mut self.trace.lock())
+    }
+
+    /// Re-derives L1's target from max server memory and the extension's index charge. Every
+    /// change of either goes through here, one at a time, so the two never disagree.
+    fn refresh_memory_target(&self) {
+        let _memory = self.memory.lock();
+        let index = self
+            .extension
+            .read()
+            .as_ref()
+            .map_or(0, |e| e.index_bytes());
+        self.pool
+            .set_target(self.max_memory().saturating_sub(index), self);
+    }
+
+    /// The descriptor of the extension file, for a forked child to close (see `extension_fd`).
+    pub fn extension_raw_fd(&self) -> i32 {
+        self.extension_fd.load(Relaxed)
+    }
+}
+
+/// What the extension asks of the engine.
+struct Host(Weak<Engine>);
+
+impl ExtensionHost for Host {
+    fn charge_index(&self, bytes: u64) -> bool {
+        let Some(engine) = self.0.upgrade() else {
+            return false;
+        };
+        let _memory = engine.memory.lock();
+        if bytes > engine.max_memory() / INDEX_BUDGET_DIVISOR {
+            return false;
+        }
+        engine
+            .pool
+            .set_target(engine.max_memory().saturating_sub(bytes), &*engine);
+        true
+    }
+
+    fn failed(&self, ext: &Arc<Extension>) {
+        let (Some(engine), ext) = (self.0.upgrade(), ext.clone()) else {
+            return;
+        };
+        // Retired on a thread of its own: this may run on a reader's path (holding nothing) or
+        // on the writer's thread, which the retirement waits for.
+        std::thread::Builder::new()
+            .name("bpe-extension-retire".into())
+            .spawn(move || engine.retire_failed_extension(&ext))
+            .map(drop)
+            .unwrap_or_else(|e| log::error!("cannot retire the failed extension: {e}"));
     }
 }
 
@@ -189,14 +274,6 @@ impl Drop for Engine {
     fn drop(&mut self) {
         if let Some(ext) = self.extension.get_mut().take() {
             ext.shutdown();
-        }
-    }
-}
-
-extern "C" fn remove_extension_at_exit() {
-    if let Some(engine) = GLOBAL.get() {
-        if let Some(ext) = engine.extension.try_read().and_then(|e| e.clone()) {
-            ext.remove_file_only();
         }
     }
 }

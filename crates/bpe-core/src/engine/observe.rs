@@ -1,18 +1,23 @@
-//! What operators see: counters, buffer descriptors, the extension's configuration.
+//! What operators see: counters, buffer descriptors, the extension's configuration. Every
+//! function here only reads.
 
 use super::{Engine, ExtensionStatus};
 use crate::counters::{CounterSnapshot, Gauges};
 use crate::files::FileInfo;
-use crate::page::{FileId, Tier};
+use crate::page::Tier;
 use crate::pool::Frame;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+
+/// Pages of the extension are reported in units of this many bytes (SQLite's default page).
+const REPORT_PAGE: u64 = 4096;
 
 /// One cached copy of a page (sys.dm_os_buffer_descriptors). A page cached in both tiers
 /// appears twice, once per tier.
 #[derive(Clone)]
 pub struct BufferDescriptor {
-    pub file: FileId,
+    /// The file's stable id (`FileInfo::id`).
+    pub file: u32,
     pub page: u64,
     pub tier: Tier,
     /// Microseconds the read that brought the page into RAM took (0 for extension copies).
@@ -27,10 +32,7 @@ impl Engine {
     pub fn counters(&self) -> CounterSnapshot {
         let ext = self.current_extension();
         let files = self.files();
-        let page_size = files
-            .first()
-            .map_or(crate::config::DEFAULT_SLOT_SIZE, |f| f.page_size)
-            as u64;
+        let page_size = files.first().map_or(REPORT_PAGE, |f| f.page_size as u64);
         let max_memory = self.max_memory();
         let index = ext.as_ref().map_or(0, |e| e.index_bytes());
         let target_bytes = self.pool.target_bytes();
@@ -44,49 +46,68 @@ impl Engine {
             max_memory,
             uptime_ms: self.now_ms(),
             ext_allocated_pages: ext.as_ref().map_or(0, |e| e.cached_pages() as u64),
-            ext_total_pages: ext.as_ref().map_or(0, |e| e.slots() as u64),
+            ext_free_pages: ext.as_ref().map_or(0, |e| {
+                e.size_bytes().saturating_sub(e.cached_bytes()) / REPORT_PAGE
+            }),
+            ext_in_use_percent: ext.as_ref().map_or(0, |e| {
+                (e.cached_bytes() * 100)
+                    .checked_div(e.size_bytes())
+                    .unwrap_or(0)
+            }),
             ext_index_bytes: index,
-            buffered_data_files: files.iter().filter(|f| !f.direct_io).count() as u64,
+            buffered_data_files: files
+                .iter()
+                .filter(|f| f.openers > 0 && !f.direct_io)
+                .count() as u64,
         };
         CounterSnapshot::take(&self.counters, &gauges)
     }
 
+    /// Every cached copy of every page, by file and page. Copies of a file's pages from before
+    /// it got a new key are not cached pages any more and are not listed.
     pub fn descriptors(&self) -> Vec<BufferDescriptor> {
+        let ids = self.files.lock().ids_by_key();
         let mut out: Vec<BufferDescriptor> = self
             .pool
             .frames()
             .into_iter()
-            .map(|f| BufferDescriptor {
-                file: f.key.file,
-                page: f.key.page,
-                tier: Tier::Memory,
-                read_micros: f.read_micros,
-                last_access_ms: f.last_access_ms.load(Relaxed),
-                frame: Some(f),
+            .filter_map(|f| {
+                Some(BufferDescriptor {
+                    file: *ids.get(&f.key.file)?,
+                    page: f.key.page,
+                    tier: Tier::Memory,
+                    read_micros: f.read_micros,
+                    last_access_ms: f.last_access_ms.load(Relaxed),
+                    frame: Some(f),
+                })
             })
             .collect();
         if let Some(ext) = self.current_extension() {
-            out.extend(
-                ext.entries()
-                    .into_iter()
-                    .map(|(key, last)| BufferDescriptor {
-                        file: key.file,
-                        page: key.page,
-                        tier: Tier::Extension,
-                        read_micros: 0,
-                        last_access_ms: last,
-                        frame: None,
-                    }),
-            );
+            out.extend(ext.entries().into_iter().filter_map(|(key, last)| {
+                Some(BufferDescriptor {
+                    file: *ids.get(&key.file)?,
+                    page: key.page,
+                    tier: Tier::Extension,
+                    read_micros: 0,
+                    last_access_ms: last,
+                    frame: None,
+                })
+            }));
         }
         out.sort_by_key(|d| (d.file, d.page, d.tier != Tier::Memory));
         out
     }
 
     pub fn extension_status(&self) -> ExtensionStatus {
-        // Reading the extension first lets a pending self-disable show up in the status.
-        let _ = self.current_extension();
-        self.status.lock().clone()
+        let mut status = self.status.lock().clone();
+        if status.last_failure.is_none() {
+            status.last_failure = self
+                .extension
+                .read()
+                .as_ref()
+                .and_then(|e| e.failure().or_else(|| e.last_drop()));
+        }
+        status
     }
 
     pub fn files(&self) -> Vec<FileInfo> {
@@ -105,10 +126,11 @@ impl Engine {
             self.pool.target_bytes() + index <= self.max_memory(),
             "L1 target plus extension index exceed max server memory"
         );
+        if let Some(ext) = self.extension.read().as_ref() {
+            ext.check_invariants();
+        }
     }
-}
 
-impl Engine {
     /// Waits until the extension's writer has written every staged page (for benchmarks that
     /// warm the extension, and tests). False on timeout.
     pub fn wait_for_extension_writes(&self, timeout: std::time::Duration) -> bool {

@@ -1,58 +1,134 @@
-//! The extension's in-RAM index: which page each slot holds, and where each cached page is.
+//! The extension's in-RAM index: where each cached page sits in the ring, and what each region
+//! of the ring holds.
 //!
-//! Budget: at most 16 bytes per slot, allocated once when the extension is enabled and never
-//! grown (compare ZFS L2ARC ~96 B per block, Oracle Smart Flash Cache ~100 B, dm-cache smq ~25 B,
-//! CacheLib BlockCache ~12 B). Layout, per slot:
-//!   file id  2 B  (0 = empty slot)
-//!   page no  4 B  (SQLite pages are numbered below 2^32)
-//!   crc32c   4 B  (of the page bytes, checked on every read)
-//!   bucket   4 B x 4/3 (open addressing, linear probing, load factor <= 3/4, slot+1 or 0)
-//! = 15.33 B per slot. Deletion shifts entries back instead of leaving tombstones, so lookups stay
-//! short however long the extension runs.
+//! The ring is a sequence of regions (one write batch each, 512 KiB). A page takes exactly its
+//! own size (any power of two from 512 B to 64 KiB), so databases of every page size share one
+//! extension without waste. Each region lists its entries in write order; a page is found
+//! through an open-addressing table of 4-byte entry handles (region, position).
+//!
+//! Memory per cached page: 16 B entry + 5.3 B of table at load factor <= 3/4 = 21.3 B (4 KiB
+//! pages: 0.52 % of what they cache; compare ZFS L2ARC ~96 B per block, Oracle Smart Flash
+//! Cache ~100 B, dm-cache smq ~25 B, CacheLib BlockCache ~12 B). The table grows only when
+//! pages smaller than 4 KiB need more entries than it was sized for; the extension charges
+//! every byte against max server memory (see `Extension::index_bytes`).
 
-use crate::page::{FileId, PageKey};
+use crate::page::{FileKey, PageKey};
 
-pub struct ExtensionIndex {
-    slot_file: Vec<FileId>,
-    slot_page: Vec<u32>,
-    slot_crc: Vec<u32>,
-    buckets: Vec<u32>,
-    len: usize,
+/// Bytes of one place in the ring's addressing unit.
+pub const UNIT: usize = 512;
+/// Entries a region can hold at most (a region of 512-byte pages).
+const MAX_PER_REGION: usize = crate::config::EXTENSION_BATCH_BYTES / UNIT;
+
+/// Where a cached page sits and how to check it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// Byte offset in the ring.
+    pub offset: u64,
+    pub len: usize,
+    /// crc32c of the page's identity and bytes.
+    pub crc: u32,
 }
 
-/// Bytes of index per slot at most (the hard cap the design promises).
-pub const INDEX_BYTES_PER_SLOT_CAP: f64 = 16.0;
+#[derive(Clone, Copy, Default)]
+struct Entry {
+    /// 0 marks a dead entry (keys start at 1).
+    file: FileKey,
+    page: u32,
+    crc: u32,
+    /// Offset within the region, in UNITs.
+    unit: u16,
+    size_log2: u8,
+}
 
-fn bucket_count(slots: usize) -> usize {
-    slots + slots / 3 + 1
+const _: () = assert!(std::mem::size_of::<Entry>() <= 16);
+
+pub struct ExtensionIndex {
+    regions: Vec<Vec<Entry>>,
+    region_bytes: u64,
+    /// Handle + 1 of the entry for a page, or 0.
+    buckets: Vec<u32>,
+    len: usize,
+    /// Bytes of the ring the cached pages take.
+    live_bytes: u64,
+}
+
+fn handle(region: usize, pos: usize) -> u32 {
+    (region * MAX_PER_REGION + pos) as u32
+}
+
+fn split(h: u32) -> (usize, usize) {
+    (h as usize / MAX_PER_REGION, h as usize % MAX_PER_REGION)
+}
+
+/// Table size for `entries` at load factor <= 3/4.
+fn buckets_for(entries: usize) -> usize {
+    entries + entries / 3 + 1
 }
 
 impl ExtensionIndex {
-    /// Bytes an index for `slots` slots takes, before allocating it.
-    pub fn bytes_for(slots: usize) -> u64 {
-        (slots * (2 + 4 + 4) + bucket_count(slots) * 4) as u64
+    /// Bytes an index sized for `regions` regions of 4 KiB pages takes at first.
+    pub fn bytes_for(regions: usize, region_bytes: u64) -> u64 {
+        let per_region = (region_bytes / 4096) as usize;
+        (buckets_for(regions * per_region) * 4
+            + regions * (per_region * std::mem::size_of::<Entry>() + 24)) as u64
     }
 
-    pub fn new(slots: usize) -> Self {
+    pub fn new(regions: usize, region_bytes: u64) -> Self {
+        assert!(
+            regions * MAX_PER_REGION < u32::MAX as usize,
+            "ring too large"
+        );
+        let per_region = (region_bytes / 4096) as usize;
         ExtensionIndex {
-            slot_file: vec![0; slots],
-            slot_page: vec![0; slots],
-            slot_crc: vec![0; slots],
-            buckets: vec![0; bucket_count(slots)],
+            regions: (0..regions)
+                .map(|_| Vec::with_capacity(per_region))
+                .collect(),
+            region_bytes,
+            buckets: vec![0; buckets_for(regions * per_region)],
             len: 0,
+            live_bytes: 0,
         }
     }
 
-    /// Bytes actually allocated.
+    /// Bytes allocated now.
     pub fn bytes(&self) -> u64 {
-        (self.slot_file.capacity() * 2
-            + self.slot_page.capacity() * 4
-            + self.slot_crc.capacity() * 4
-            + self.buckets.capacity() * 4) as u64
+        (self.buckets.len() * 4
+            + self
+                .regions
+                .iter()
+                .map(|r| r.capacity() * std::mem::size_of::<Entry>() + 24)
+                .sum::<usize>()) as u64
     }
 
-    pub fn slots(&self) -> usize {
-        self.slot_file.len()
+    /// Bytes the index will take once [`ExtensionIndex::prepare`] made room for `more` entries
+    /// in `region`.
+    pub fn bytes_after_prepare(&self, region: usize, more: usize) -> u64 {
+        let entry = std::mem::size_of::<Entry>();
+        let r = &self.regions[region];
+        let grow_region = (r.len() + more).saturating_sub(r.capacity()) * entry;
+        let table = self.table_len_for(self.len + more) * 4;
+        self.bytes() - self.buckets.len() as u64 * 4 + (table + grow_region) as u64
+    }
+
+    fn table_len_for(&self, entries: usize) -> usize {
+        if entries * 4 > self.buckets.len() * 3 {
+            buckets_for(entries)
+        } else {
+            self.buckets.len()
+        }
+    }
+
+    /// Makes room for `more` entries in `region` (what `bytes_after_prepare` said it would take).
+    pub fn prepare(&mut self, region: usize, more: usize) {
+        let len = self.table_len_for(self.len + more);
+        if len != self.buckets.len() {
+            self.rehash(len);
+        }
+        self.regions[region].reserve_exact(more);
+    }
+
+    pub fn regions(&self) -> usize {
+        self.regions.len()
     }
 
     /// Cached pages.
@@ -62,6 +138,11 @@ impl ExtensionIndex {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Bytes of the ring the cached pages take.
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
     }
 
     /// Whether a page can be indexed at all (its number fits the 4-byte field).
@@ -76,12 +157,18 @@ impl ExtensionIndex {
         ((h as u128 * self.buckets.len() as u128) >> 64) as usize
     }
 
-    fn key_of(&self, slot: usize) -> PageKey {
-        PageKey::new(self.slot_file[slot], self.slot_page[slot] as u64)
+    fn entry(&self, h: u32) -> &Entry {
+        let (r, p) = split(h);
+        &self.regions[r][p]
     }
 
-    /// (bucket position, slot) of a page.
-    fn find(&self, key: PageKey) -> Option<(usize, usize)> {
+    fn key_of(&self, h: u32) -> PageKey {
+        let e = self.entry(h);
+        PageKey::new(e.file, e.page as u64)
+    }
+
+    /// (bucket position, handle) of a page.
+    fn find(&self, key: PageKey) -> Option<(usize, u32)> {
         if !Self::fits(key) {
             return None;
         }
@@ -92,62 +179,105 @@ impl ExtensionIndex {
             if b == 0 {
                 return None;
             }
-            let slot = (b - 1) as usize;
-            if self.slot_file[slot] == key.file && self.slot_page[slot] as u64 == key.page {
-                return Some((i, slot));
+            let e = self.entry(b - 1);
+            if e.file == key.file && e.page as u64 == key.page {
+                return Some((i, b - 1));
             }
             i = (i + 1) % n;
         }
     }
 
-    /// The slot holding `key` and its checksum.
-    pub fn lookup(&self, key: PageKey) -> Option<(u32, u32)> {
-        self.find(key)
-            .map(|(_, slot)| (slot as u32, self.slot_crc[slot]))
+    fn location_of(&self, h: u32) -> Location {
+        let (r, _) = split(h);
+        let e = self.entry(h);
+        Location {
+            offset: r as u64 * self.region_bytes + e.unit as u64 * UNIT as u64,
+            len: 1 << e.size_log2,
+            crc: e.crc,
+        }
+    }
+
+    /// Where `key` is cached.
+    pub fn lookup(&self, key: PageKey) -> Option<Location> {
+        self.find(key).map(|(_, h)| self.location_of(h))
     }
 
     pub fn contains(&self, key: PageKey) -> bool {
         self.find(key).is_some()
     }
 
-    /// Records that `slot` now holds `key`. The slot must be empty; an older copy of `key`
-    /// elsewhere is dropped (one copy per page).
-    pub fn insert(&mut self, key: PageKey, slot: u32, crc: u32) {
+    /// Records that `key` now sits at byte `offset` of `region` (the region's entries are
+    /// appended in write order). An older copy of `key` elsewhere is dropped: one copy per page.
+    pub fn insert(&mut self, key: PageKey, region: usize, offset: usize, len: usize, crc: u32) {
         debug_assert!(Self::fits(key));
-        let slot = slot as usize;
-        assert_eq!(self.slot_file[slot], 0, "slot {slot} is occupied");
+        debug_assert!(len.is_power_of_two() && len >= UNIT && offset.is_multiple_of(UNIT));
         self.remove(key);
-        self.slot_file[slot] = key.file;
-        self.slot_page[slot] = key.page as u32;
-        self.slot_crc[slot] = crc;
+        if (self.len + 1) * 4 > self.buckets.len() * 3 {
+            // Callers prepare first; this only keeps the table sound if one did not.
+            self.rehash(buckets_for(self.len + 1));
+        }
+        let pos = self.regions[region].len();
+        assert!(pos < MAX_PER_REGION, "region {region} is full");
+        self.regions[region].push(Entry {
+            file: key.file,
+            page: key.page as u32,
+            crc,
+            unit: (offset / UNIT) as u16,
+            size_log2: len.trailing_zeros() as u8,
+        });
         let n = self.buckets.len();
         let mut i = self.home(key);
         while self.buckets[i] != 0 {
             i = (i + 1) % n;
         }
-        self.buckets[i] = slot as u32 + 1;
+        self.buckets[i] = handle(region, pos) + 1;
         self.len += 1;
+        self.live_bytes += len as u64;
     }
 
-    /// Forgets `key`; returns the slot it was in.
-    pub fn remove(&mut self, key: PageKey) -> Option<u32> {
-        let (pos, slot) = self.find(key)?;
-        self.slot_file[slot] = 0;
+    fn rehash(&mut self, len: usize) {
+        let old = std::mem::replace(&mut self.buckets, vec![0; len]);
+        for b in old.into_iter().filter(|&b| b != 0) {
+            let mut i = self.home(self.key_of(b - 1));
+            while self.buckets[i] != 0 {
+                i = (i + 1) % len;
+            }
+            self.buckets[i] = b;
+        }
+    }
+
+    /// Forgets `key`; returns where it was.
+    pub fn remove(&mut self, key: PageKey) -> Option<Location> {
+        let (pos, h) = self.find(key)?;
+        let loc = self.location_of(h);
+        let (r, p) = split(h);
+        self.regions[r][p].file = 0;
         self.buckets[pos] = 0;
         self.len -= 1;
+        self.live_bytes -= loc.len as u64;
         self.shift_back(pos);
-        Some(slot as u32)
+        Some(loc)
     }
 
-    /// Forgets whatever `slot` holds; returns that page.
-    pub fn clear_slot(&mut self, slot: u32) -> Option<PageKey> {
-        let slot = slot as usize;
-        if self.slot_file[slot] == 0 {
-            return None;
+    /// Forgets every entry of `region` (about to be overwritten); returns how many were live.
+    pub fn clear_region(&mut self, region: usize) -> usize {
+        let live: Vec<PageKey> = self.regions[region]
+            .iter()
+            .filter(|e| e.file != 0)
+            .map(|e| PageKey::new(e.file, e.page as u64))
+            .collect();
+        for k in &live {
+            self.remove(*k);
         }
-        let key = self.key_of(slot);
-        self.remove(key);
-        Some(key)
+        self.regions[region].clear();
+        live.len()
+    }
+
+    /// Like `clear_region`, and gives the region's entry memory back (to make index room).
+    pub fn release_region(&mut self, region: usize) -> usize {
+        let n = self.clear_region(region);
+        self.regions[region] = Vec::new();
+        n
     }
 
     /// Backward-shift deletion: pulls later entries of the probe run into the hole at `hole`.
@@ -155,7 +285,7 @@ impl ExtensionIndex {
         let n = self.buckets.len();
         let mut j = (hole + 1) % n;
         while self.buckets[j] != 0 {
-            let home = self.home(self.key_of((self.buckets[j] - 1) as usize));
+            let home = self.home(self.key_of(self.buckets[j] - 1));
             // Move j into the hole unless its home lies cyclically in (hole, j].
             let home_in_between = if hole <= j {
                 hole < home && home <= j
@@ -171,11 +301,14 @@ impl ExtensionIndex {
         }
     }
 
-    /// Every occupied slot with its page.
-    pub fn entries(&self) -> impl Iterator<Item = (u32, PageKey)> + '_ {
-        (0..self.slots())
-            .filter(|&s| self.slot_file[s] != 0)
-            .map(|s| (s as u32, self.key_of(s)))
+    /// Every cached page with its region.
+    pub fn entries(&self) -> impl Iterator<Item = (usize, PageKey)> + '_ {
+        self.regions.iter().enumerate().flat_map(|(r, entries)| {
+            entries
+                .iter()
+                .filter(|e| e.file != 0)
+                .map(move |e| (r, PageKey::new(e.file, e.page as u64)))
+        })
     }
 
     /// Forgets every page matching `pred`; returns how many.
@@ -192,52 +325,110 @@ impl ExtensionIndex {
     }
 }
 
+/// The checksum of a cached page: its identity and its bytes, so that a copy read from the wrong
+/// place, or left over from another file under a recycled name, cannot pass.
+pub fn page_crc(key: PageKey, bytes: &[u8]) -> u32 {
+    let mut id = [0u8; 12];
+    id[..4].copy_from_slice(&key.file.to_le_bytes());
+    id[4..].copy_from_slice(&key.page.to_le_bytes());
+    crc32c::crc32c_append(crc32c::crc32c(&id), bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::HashMap;
 
+    const REGION: u64 = crate::config::EXTENSION_BATCH_BYTES as u64;
+
     #[test]
-    fn stays_under_sixteen_bytes_per_slot() {
-        for slots in [256usize, 1000, 1 << 20] {
-            let per_slot = ExtensionIndex::bytes_for(slots) as f64 / slots as f64;
-            assert!(
-                per_slot <= INDEX_BYTES_PER_SLOT_CAP,
-                "{per_slot} B per slot"
-            );
-            assert_eq!(
-                ExtensionIndex::new(slots).bytes(),
-                ExtensionIndex::bytes_for(slots)
-            );
+    fn four_kib_pages_cost_under_22_bytes_each() {
+        for regions in [2usize, 100, 8192] {
+            let idx = ExtensionIndex::new(regions, REGION);
+            assert_eq!(idx.bytes(), ExtensionIndex::bytes_for(regions, REGION));
+            let pages = regions * (REGION as usize / 4096);
+            let per_page = idx.bytes() as f64 / pages as f64;
+            assert!(per_page < 22.0, "{per_page} bytes per 4 KiB page");
         }
     }
 
+    #[test]
+    fn the_checksum_covers_the_identity() {
+        let bytes = vec![7u8; 4096];
+        let a = page_crc(PageKey::new(1, 5), &bytes);
+        assert_ne!(a, page_crc(PageKey::new(2, 5), &bytes), "another file");
+        assert_ne!(a, page_crc(PageKey::new(1, 6), &bytes), "another page");
+        assert_eq!(a, page_crc(PageKey::new(1, 5), &bytes));
+    }
+
+    #[test]
+    fn small_pages_grow_the_table_and_mixed_sizes_share_a_region() {
+        let mut idx = ExtensionIndex::new(2, REGION);
+        let before = idx.bytes();
+        let mut off = 0;
+        for p in 0..1024u64 {
+            idx.insert(PageKey::new(3, p), 0, off, 512, p as u32);
+            off += 512;
+        }
+        assert_eq!(idx.len(), 1024);
+        assert!(idx.bytes() > before, "the table grew for 512-byte pages");
+        assert_eq!(
+            idx.lookup(PageKey::new(3, 1000)),
+            Some(Location {
+                offset: 1000 * 512,
+                len: 512,
+                crc: 1000
+            })
+        );
+        idx.insert(PageKey::new(4, 0), 1, 0, 65536, 9);
+        idx.insert(PageKey::new(5, 0), 1, 65536, 4096, 10);
+        assert_eq!(
+            idx.lookup(PageKey::new(5, 0)).unwrap().offset,
+            REGION + 65536
+        );
+        assert_eq!(idx.clear_region(0), 1024);
+        assert_eq!(idx.len(), 2);
+        assert!(idx.lookup(PageKey::new(3, 7)).is_none());
+    }
+
     proptest! {
-        /// The index agrees with a plain map through inserts, removals and slot reuse.
+        /// The index agrees with a plain map through inserts, removals and region reuse.
         #[test]
-        fn matches_a_map(ops in proptest::collection::vec((0u8..3, 1u16..4, 0u64..40, 0u32..64), 1..400)) {
-            let mut idx = ExtensionIndex::new(64);
-            let mut model: HashMap<PageKey, u32> = HashMap::new();
-            for (op, file, page, slot) in ops {
+        fn matches_a_map(ops in proptest::collection::vec((0u8..4, 1u32..4, 0u64..60, 0usize..3), 1..500)) {
+            let mut idx = ExtensionIndex::new(3, REGION);
+            let mut model: HashMap<PageKey, (usize, u32)> = HashMap::new();
+            let mut fill = [0usize; 3];
+            for (op, file, page, region) in ops {
                 let key = PageKey::new(file, page);
                 match op {
-                    0 => {
-                        if let Some(k) = idx.clear_slot(slot) { model.remove(&k); }
-                        idx.insert(key, slot, slot ^ 7);
-                        model.insert(key, slot);
+                    0 | 1 => {
+                        if fill[region] + 4096 > REGION as usize {
+                            idx.clear_region(region);
+                            model.retain(|_, (r, _)| *r != region);
+                            fill[region] = 0;
+                        }
+                        let crc = (page as u32) ^ file;
+                        idx.insert(key, region, fill[region], 4096, crc);
+                        model.insert(key, (region, crc));
+                        fill[region] += 4096;
                     }
-                    1 => { prop_assert_eq!(idx.remove(key), model.remove(&key)); }
+                    2 => {
+                        prop_assert_eq!(idx.remove(key).map(|l| l.crc), model.remove(&key).map(|m| m.1));
+                    }
                     _ => {
-                        let got = idx.clear_slot(slot);
-                        let want = model.iter().find(|(_, s)| **s == slot).map(|(k, _)| *k);
-                        if let Some(k) = want { model.remove(&k); }
-                        prop_assert_eq!(got, want);
+                        let n = idx.clear_region(region);
+                        let before = model.len();
+                        model.retain(|_, (r, _)| *r != region);
+                        prop_assert_eq!(n, before - model.len());
+                        fill[region] = 0;
                     }
                 }
                 prop_assert_eq!(idx.len(), model.len());
-                for (k, s) in &model {
-                    prop_assert_eq!(idx.lookup(*k), Some((*s, *s ^ 7)));
+                for (k, (r, crc)) in &model {
+                    let loc = idx.lookup(*k).expect("indexed");
+                    prop_assert_eq!(loc.crc, *crc);
+                    prop_assert_eq!(loc.offset / REGION, *r as u64);
                 }
             }
         }

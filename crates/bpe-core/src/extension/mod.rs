@@ -1,34 +1,50 @@
-//! L2: the buffer pool extension. Clean pages leaving RAM are staged, written by a background
-//! thread in large sequential batches into a ring of fixed-size slots, and read back at random,
-//! in parallel, by whichever thread misses in RAM. Every read is checked against a crc32c kept in
-//! RAM; any fault is a miss. The ring's oldest batch is overwritten first (FIFO), which keeps
-//! every write sequential.
+//! L2: the buffer pool extension. Clean pages are staged, written by a background thread in
+//! large sequential batches into a ring of regions, and read back at random, in parallel, by
+//! whichever thread misses in RAM. A page takes exactly its own size, so any mix of page sizes
+//! shares one extension. Every read is checked against a crc32c of the page's identity and bytes
+//! kept in RAM; any fault is a miss. The ring's oldest region is overwritten first (FIFO), which
+//! keeps every write sequential.
 
 mod index;
 mod writer;
 
-pub use index::{ExtensionIndex, INDEX_BYTES_PER_SLOT_CAP};
+pub use index::{page_crc, ExtensionIndex, Location, UNIT};
 
 use crate::config::{EXTENSION_BATCH_BYTES, EXTENSION_FAULT_LIMIT, EXTENSION_STAGING_PAGES};
 use crate::counters::Counters;
+use crate::io::aligned::{round_down, round_up};
 use crate::io::extension_file::ExtensionFile;
 use crate::io::{AlignedBuf, FaultInjector};
-use crate::page::{FileId, PageKey};
+use crate::page::{FileKey, PageKey};
 use crate::pool::Frame;
+use crate::sync::{Mutex, Rank, RwLock};
 use crate::Result;
 use crossbeam_channel::{Sender, TrySendError};
-use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Consecutive slots read in one request by [`Extension::read_run`]; the first `len` pages
-/// passed their checksums.
+/// Bytes of one region of the ring: one write batch.
+pub const REGION_BYTES: u64 = EXTENSION_BATCH_BYTES as u64;
+/// The smallest extension: two regions (the writer fills one while the other holds pages).
+pub const MIN_EXTENSION_BYTES: u64 = 2 * REGION_BYTES;
+
+/// What the extension needs from the engine that owns it.
+pub trait ExtensionHost: Send + Sync {
+    /// Charges `bytes` of index memory against max server memory, evicting from RAM to make
+    /// room; false when that would exceed the index's budget.
+    fn charge_index(&self, bytes: u64) -> bool;
+    /// The extension gave up after repeated faults: the engine retires it.
+    fn failed(&self, ext: &Arc<Extension>);
+}
+
+/// Pages read in one request by [`Extension::read_run`]; the first `len` passed their checksums.
 pub struct Run {
     block: AlignedBuf,
-    slot_size: usize,
+    /// Where the first page starts in `block`.
+    skip: usize,
     page_len: usize,
     pub len: usize,
 }
@@ -36,7 +52,7 @@ pub struct Run {
 impl Run {
     /// Page `i` of the run (verified when `i < len`).
     pub fn page(&self, i: usize) -> &[u8] {
-        &self.block[i * self.slot_size..][..self.page_len]
+        &self.block[self.skip + i * self.page_len..][..self.page_len]
     }
 }
 
@@ -56,62 +72,72 @@ struct Tables {
 
 pub struct Extension {
     file: ExtensionFile,
-    slot_size: usize,
-    slots: u32,
+    regions: usize,
     tables: RwLock<Tables>,
     staging: Sender<Staged>,
     /// Signals once when the background writer has stopped.
     writer_done: Mutex<Option<crossbeam_channel::Receiver<()>>>,
-    stopping: Arc<AtomicBool>,
+    stopping: AtomicBool,
     next_seq: AtomicU64,
     consecutive_faults: AtomicU32,
     failure: Mutex<Option<String>>,
     failed: AtomicBool,
-    /// Last reference, in ms since `epoch`, per batch-sized region of the ring.
+    /// Bytes of index memory charged against max server memory (never less than the index).
+    charged: AtomicU64,
+    /// Why a page was last refused, if one was (for operators: every drop is counted and said).
+    last_drop: Mutex<Option<String>>,
+    /// Last reference, in ms since `epoch`, per region of the ring.
     region_last_ref: Vec<AtomicU64>,
-    slots_per_region: u32,
     counters: Arc<Counters>,
+    host: Arc<dyn ExtensionHost>,
     epoch: Instant,
 }
 
-/// Shape of an extension of `size` bytes made of `slot_size` slots.
-pub fn geometry(size: u64, slot_size: usize) -> (u32, u32) {
-    let slots = (size / slot_size as u64).min(u32::MAX as u64 - 1) as u32;
-    let per_region = (EXTENSION_BATCH_BYTES / slot_size).max(1) as u32;
-    (slots, per_region)
+/// Regions of an extension of `size` bytes.
+pub fn regions_for(size: u64) -> usize {
+    (size / REGION_BYTES).min(u32::MAX as u64 / 1024) as usize
+}
+
+/// Index bytes an extension of `size` bytes starts with (sized for 4 KiB pages).
+pub fn initial_index_bytes(size: u64) -> u64 {
+    let regions = regions_for(size);
+    ExtensionIndex::bytes_for(regions, REGION_BYTES) + regions as u64 * 8
 }
 
 impl Extension {
     pub fn create(
         path: &Path,
         size: u64,
-        slot_size: usize,
         counters: Arc<Counters>,
         faults: Arc<FaultInjector>,
+        host: Arc<dyn ExtensionHost>,
         epoch: Instant,
     ) -> Result<Arc<Extension>> {
-        let (slots, slots_per_region) = geometry(size, slot_size);
-        let file = ExtensionFile::create(path, slots as u64 * slot_size as u64, faults)?;
+        let regions = regions_for(size);
+        let file = ExtensionFile::create(path, regions as u64 * REGION_BYTES, faults)?;
         let (tx, rx) = crossbeam_channel::bounded(EXTENSION_STAGING_PAGES);
-        let regions = slots.div_ceil(slots_per_region) as usize;
         let ext = Arc::new(Extension {
             file,
-            slot_size,
-            slots,
-            tables: RwLock::new(Tables {
-                index: ExtensionIndex::new(slots as usize),
-                staged: HashMap::new(),
-            }),
+            regions,
+            tables: RwLock::new(
+                Rank::ExtensionTables,
+                Tables {
+                    index: ExtensionIndex::new(regions, REGION_BYTES),
+                    staged: HashMap::new(),
+                },
+            ),
             staging: tx,
-            writer_done: Mutex::new(None),
-            stopping: Arc::new(AtomicBool::new(false)),
+            writer_done: Mutex::new(Rank::Leaf, None),
+            stopping: AtomicBool::new(false),
             next_seq: AtomicU64::new(1),
             consecutive_faults: AtomicU32::new(0),
-            failure: Mutex::new(None),
+            failure: Mutex::new(Rank::Leaf, None),
             failed: AtomicBool::new(false),
+            charged: AtomicU64::new(initial_index_bytes(size)),
+            last_drop: Mutex::new(Rank::Leaf, None),
             region_last_ref: (0..regions).map(|_| AtomicU64::new(0)).collect(),
-            slots_per_region,
             counters,
+            host,
             epoch,
         });
         let done = writer::spawn(ext.clone(), rx);
@@ -122,35 +148,58 @@ impl Extension {
     pub fn path(&self) -> &Path {
         self.file.path()
     }
-    pub fn slot_size(&self) -> usize {
-        self.slot_size
-    }
-    pub fn slots(&self) -> u32 {
-        self.slots
-    }
     pub fn size_bytes(&self) -> u64 {
-        self.slots as u64 * self.slot_size as u64
+        self.regions as u64 * REGION_BYTES
+    }
+    pub fn identity(&self) -> crate::io::FileIdentity {
+        self.file.identity()
     }
     pub fn cached_pages(&self) -> usize {
         self.tables.read().index.len()
     }
+    /// Bytes of the ring the cached pages take.
+    pub fn cached_bytes(&self) -> u64 {
+        self.tables.read().index.live_bytes()
+    }
+    /// Bytes of RAM the extension's index is charged against max server memory.
     pub fn index_bytes(&self) -> u64 {
-        self.tables.read().index.bytes() + self.region_last_ref.len() as u64 * 8
+        self.charged.load(Relaxed)
+    }
+    /// Why a page was last refused, if one was.
+    pub fn last_drop(&self) -> Option<String> {
+        self.last_drop.lock().clone()
     }
 
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// Offers a clean page (just read from the data file, or leaving RAM). Never blocks: if the writer is behind, the page is
-    /// simply not admitted. A page whose unchanged copy is already here is not written again.
+    fn drop_admission(&self, pages: u64, why: impl FnOnce() -> String) {
+        self.counters
+            .ext_admissions_dropped
+            .fetch_add(pages, Relaxed);
+        let mut last = self.last_drop.lock();
+        if last.is_none() {
+            let why = why();
+            log::info!("buffer pool extension: {why}");
+            *last = Some(why);
+        }
+    }
+
+    /// Offers a clean page (just read from the data file, or leaving RAM). Never blocks: if the
+    /// writer is behind, the page is not admitted (and is offered again when it leaves RAM). A
+    /// page whose unchanged copy is already here is not written again.
     pub fn admit(&self, frame: &Arc<Frame>) {
-        if self.failed.load(Relaxed) || self.stopping.load(Relaxed) {
+        if self.failed.load(Relaxed) || self.stopping.load(Relaxed) || !frame.is_current() {
             return;
         }
-        if frame.data.len() > self.slot_size || !ExtensionIndex::fits(frame.key) {
-            Counters::bump(&self.counters.ext_admissions_dropped);
-            return;
+        if !ExtensionIndex::fits(frame.key) {
+            return self.drop_admission(1, || {
+                format!(
+                    "page {} is numbered beyond what the index holds (2^32 - 1)",
+                    frame.key.page
+                )
+            });
         }
         let held = |t: &Tables| t.index.contains(frame.key) || t.staged.contains_key(&frame.key);
         // Most offers at eviction are of pages admitted at load: a shared lock answers them.
@@ -171,44 +220,49 @@ impl Extension {
             Ok(()) => {
                 t.staged.insert(frame.key, seq);
             }
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                Counters::bump(&self.counters.ext_admissions_dropped);
+            Err(TrySendError::Full(_)) => {
+                drop(t);
+                self.drop_admission(1, || {
+                    format!(
+                        "the writer is behind ({EXTENSION_STAGING_PAGES} pages waiting): pages \
+                         are offered again when they leave RAM"
+                    )
+                });
             }
+            Err(TrySendError::Disconnected(_)) => {}
         }
     }
 
     /// Reads a page into `buf` if a verified copy is here. Any fault is a miss (and is counted).
-    pub fn read(&self, key: PageKey, buf: &mut [u8]) -> bool {
+    pub fn read(self: &Arc<Self>, key: PageKey, buf: &mut [u8]) -> bool {
         if self.failed.load(Relaxed) {
             return false;
         }
-        let Some((slot, crc)) = self.tables.read().index.lookup(key) else {
+        let Some(loc) = self.tables.read().index.lookup(key) else {
             return false;
         };
-        if buf.len() > self.slot_size {
+        if loc.len != buf.len() {
             return false;
         }
-        let mut block = AlignedBuf::new(self.slot_size);
+        let (start, skip, len) = aligned_span(loc.offset, loc.len);
+        let mut block = AlignedBuf::new(len);
         self.counters.ext_outstanding_io.fetch_add(1, Relaxed);
-        let res = self.file.read_at(
-            slot as u64 * self.slot_size as u64,
-            &mut block[..self.slot_size],
-        );
+        let res = self.file.read_at(start, &mut block[..len]);
         self.counters.ext_outstanding_io.fetch_sub(1, Relaxed);
-        let page = &block[..buf.len()];
+        let page = &block[skip..skip + loc.len];
         match res {
             Err(e) => {
                 Counters::bump(&self.counters.ext_io_errors);
-                self.drop_entry(key, slot, crc);
+                self.drop_entry(key, loc);
                 self.fault(format!("read error: {e}"));
                 false
             }
-            Ok(()) if crc32c::crc32c(page) != crc => {
-                // The writer may have recycled the slot since we looked: that is a plain miss.
-                // Only a slot that still claims to hold this page is corrupt.
-                if self.drop_entry(key, slot, crc) {
+            Ok(()) if page_crc(key, page) != loc.crc => {
+                // The writer may have reused the region since we looked: that is a plain miss.
+                // Only an entry that still claims this place is corrupt.
+                if self.drop_entry(key, loc) {
                     Counters::bump(&self.counters.ext_checksum_failures);
-                    self.fault(format!("checksum mismatch in slot {slot}"));
+                    self.fault(format!("checksum mismatch at offset {}", loc.offset));
                 }
                 false
             }
@@ -216,36 +270,49 @@ impl Extension {
                 buf.copy_from_slice(page);
                 self.consecutive_faults.store(0, Relaxed);
                 Counters::bump(&self.counters.ext_page_reads);
-                self.region_last_ref[(slot / self.slots_per_region) as usize]
-                    .store(self.now_ms(), Relaxed);
+                self.touch_region(loc.offset);
                 true
             }
         }
     }
 
-    /// Reads the pages of `keys` that sit in the slots right after `after`'s, in one request:
-    /// a scan over pages that were admitted in scan order. Returns the longest such run (a prefix
-    /// of `keys`) in the buffer it was read into, its first `len` pages verified; a page that
-    /// fails its checksum ends the run there, as a plain miss (its slot may have been recycled).
-    pub fn read_run(&self, after: PageKey, keys: &[PageKey], page_len: usize) -> Option<Run> {
-        if self.failed.load(Relaxed) || keys.is_empty() || page_len > self.slot_size {
+    fn touch_region(&self, offset: u64) {
+        self.region_last_ref[(offset / REGION_BYTES) as usize].store(self.now_ms(), Relaxed);
+    }
+
+    /// Reads the pages of `keys` that sit right after `after`'s, in one request: a scan over
+    /// pages that were admitted in scan order. Returns the longest such run (a prefix of `keys`)
+    /// in the buffer it was read into, its first `len` pages verified; a page that fails its
+    /// checksum ends the run there, as a plain miss (its region may have been reused).
+    pub fn read_run(
+        self: &Arc<Self>,
+        after: PageKey,
+        keys: &[PageKey],
+        page_len: usize,
+    ) -> Option<Run> {
+        if self.failed.load(Relaxed) || keys.is_empty() {
             return None;
         }
-        let run: Vec<(u32, u32)> = {
+        let run: Vec<Location> = {
             let t = self.tables.read();
-            let (first, _) = t.index.lookup(after)?;
+            let first = t.index.lookup(after)?;
+            let mut next = first.offset + first.len as u64;
             keys.iter()
-                .map(|&k| t.index.lookup(k))
-                .enumerate()
-                .map_while(|(i, found)| found.filter(|(slot, _)| *slot == first + 1 + i as u32))
+                .map_while(|&k| {
+                    let loc = t
+                        .index
+                        .lookup(k)
+                        .filter(|l| l.offset == next && l.len == page_len)?;
+                    next += page_len as u64;
+                    Some(loc)
+                })
                 .collect()
         };
-        let &(start, _) = run.first()?;
-        let mut block = AlignedBuf::new(self.slot_size * run.len());
+        let first = run.first()?;
+        let (start, skip, len) = aligned_span(first.offset, page_len * run.len());
+        let mut block = AlignedBuf::new(len);
         self.counters.ext_outstanding_io.fetch_add(1, Relaxed);
-        let res = self
-            .file
-            .read_at(start as u64 * self.slot_size as u64, &mut block[..]);
+        let res = self.file.read_at(start, &mut block[..len]);
         self.counters.ext_outstanding_io.fetch_sub(1, Relaxed);
         if let Err(e) = res {
             Counters::bump(&self.counters.ext_io_errors);
@@ -254,15 +321,15 @@ impl Extension {
         }
         let mut out = Run {
             block,
-            slot_size: self.slot_size,
+            skip,
             page_len,
             len: 0,
         };
-        for (i, &(slot, crc)) in run.iter().enumerate() {
-            if crc32c::crc32c(out.page(i)) != crc {
-                if self.drop_entry(keys[i], slot, crc) {
+        for (i, loc) in run.iter().enumerate() {
+            if page_crc(keys[i], out.page(i)) != loc.crc {
+                if self.drop_entry(keys[i], *loc) {
                     Counters::bump(&self.counters.ext_checksum_failures);
-                    self.fault(format!("checksum mismatch in slot {slot}"));
+                    self.fault(format!("checksum mismatch at offset {}", loc.offset));
                 }
                 break;
             }
@@ -273,16 +340,15 @@ impl Extension {
             self.counters
                 .ext_page_reads
                 .fetch_add(out.len as u64, Relaxed);
-            self.region_last_ref[(start / self.slots_per_region) as usize]
-                .store(self.now_ms(), Relaxed);
+            self.touch_region(first.offset);
         }
         Some(out)
     }
 
-    /// Removes the entry if it still is (slot, crc). Returns whether it was.
-    fn drop_entry(&self, key: PageKey, slot: u32, crc: u32) -> bool {
+    /// Removes the entry if it still is `loc`. Returns whether it was.
+    fn drop_entry(&self, key: PageKey, loc: Location) -> bool {
         let mut t = self.tables.write();
-        if t.index.lookup(key) == Some((slot, crc)) {
+        if t.index.lookup(key) == Some(loc) {
             t.index.remove(key);
             true
         } else {
@@ -290,14 +356,15 @@ impl Extension {
         }
     }
 
-    fn fault(&self, reason: String) {
+    fn fault(self: &Arc<Self>, reason: String) {
         let n = self.consecutive_faults.fetch_add(1, Relaxed) + 1;
         if n >= EXTENSION_FAULT_LIMIT && !self.failed.swap(true, Relaxed) {
             *self.failure.lock() = Some(format!("{n} consecutive faults, last: {reason}"));
+            self.host.failed(self);
         }
     }
 
-    /// Set once repeated faults made the extension give up; the engine then disables it.
+    /// Set once repeated faults made the extension give up.
     pub fn failure(&self) -> Option<String> {
         if self.failed.load(Relaxed) {
             self.failure.lock().clone()
@@ -314,7 +381,7 @@ impl Extension {
     }
 
     /// Drops every copy of pages of `file` from `first_page` on (all files if None).
-    pub fn invalidate_where(&self, file: Option<FileId>, first_page: u64) {
+    pub fn invalidate_where(&self, file: Option<FileKey>, first_page: u64) {
         let hit = |k: PageKey| file.is_none_or(|f| k.file == f) && k.page >= first_page;
         let mut t = self.tables.write();
         t.staged.retain(|k, _| !hit(*k));
@@ -326,10 +393,7 @@ impl Extension {
         let t = self.tables.read();
         t.index
             .entries()
-            .map(|(slot, key)| {
-                let r = (slot / self.slots_per_region) as usize;
-                (key, self.region_last_ref[r].load(Relaxed))
-            })
+            .map(|(region, key)| (key, self.region_last_ref[region].load(Relaxed)))
             .collect()
     }
 
@@ -350,6 +414,31 @@ impl Extension {
         }
         self.file.remove();
     }
+
+    /// Deletes the file without waiting for the writer (process exit, self-disable).
+    pub fn remove_file_only(&self) {
+        self.file.remove();
+    }
+
+    /// Pages staged and not yet written (or dropped).
+    pub fn pending_writes(&self) -> usize {
+        self.tables.read().staged.len()
+    }
+
+    /// The index never takes more memory than is charged for it (tests and soak runs).
+    pub fn check_invariants(&self) {
+        let bytes = self.tables.read().index.bytes() + self.regions as u64 * 8;
+        assert!(
+            bytes <= self.index_bytes(),
+            "extension index takes {bytes} bytes, more than the {} charged",
+            self.index_bytes()
+        );
+    }
+
+    /// The descriptor of the file, to be closed in a forked child (see `Engine::after_fork`).
+    pub(crate) fn raw_fd(&self) -> i32 {
+        self.file.raw_fd()
+    }
 }
 
 impl Drop for Extension {
@@ -359,16 +448,10 @@ impl Drop for Extension {
     }
 }
 
-impl Extension {
-    /// Deletes the file without waiting for the writer (process exit).
-    pub fn remove_file_only(&self) {
-        self.file.remove();
-    }
-}
-
-impl Extension {
-    /// Pages staged and not yet written (or dropped).
-    pub fn pending_writes(&self) -> usize {
-        self.tables.read().staged.len()
-    }
+/// The block-aligned span covering `len` bytes at `offset`: (start, skip to the bytes, length).
+fn aligned_span(offset: u64, len: usize) -> (u64, usize, usize) {
+    let align = crate::config::DIRECT_IO_ALIGN;
+    let start = round_down(offset, align as u64);
+    let skip = (offset - start) as usize;
+    (start, skip, round_up(skip + len, align))
 }

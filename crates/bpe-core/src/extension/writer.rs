@@ -1,12 +1,16 @@
 //! The extension's background writer: the only thread that writes the extension file.
 //!
-//! It gathers staged pages into a batch, frees the ring slots the batch will overwrite (the
-//! oldest), writes the batch with one large O_DIRECT write at the ring's head, and only then
-//! indexes the pages whose staging entry is still current (a write to a page in between has
-//! removed it). Queries never wait for it.
+//! It fills the ring one region at a time. Entering a region, it forgets what the region held
+//! (the oldest pages of the ring). It gathers staged pages into a batch, places them largest
+//! first (so every page sits at an offset aligned to its own size, or to the 4 KiB I/O block
+//! for larger pages), writes the batch with one O_DIRECT write, and only then indexes the pages
+//! whose staging entry is still current (a write to a page in between has removed it). Queries
+//! never wait for it.
 
-use super::{Extension, Staged};
+use super::{page_crc, Extension, Staged, REGION_BYTES};
+use crate::config::DIRECT_IO_ALIGN;
 use crate::counters::Counters;
+use crate::io::aligned::round_up;
 use crate::io::AlignedBuf;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::sync::atomic::Ordering::Relaxed;
@@ -34,30 +38,31 @@ pub(super) fn spawn(ext: Arc<Extension>, rx: Receiver<Staged>) -> Receiver<()> {
 
 struct Writer {
     ext: Arc<Extension>,
-    head: u32,
+    /// The region being filled, and how many of its bytes are written.
+    region: usize,
+    fill: usize,
     /// Byte offset where the previous batch ended, to count sequential writes.
     last_end: Option<u64>,
     buf: AlignedBuf,
-    batch_slots: usize,
 }
 
 impl Writer {
     fn new(ext: Arc<Extension>) -> Self {
-        let batch_slots = (ext.slots_per_region as usize)
-            .min(ext.slots as usize)
-            .max(1);
-        let buf = AlignedBuf::new(batch_slots * ext.slot_size);
         Writer {
             ext,
-            head: 0,
+            region: 0,
+            fill: 0,
             last_end: None,
-            buf,
-            batch_slots,
+            buf: AlignedBuf::new(REGION_BYTES as usize),
         }
     }
 
+    fn room(&self) -> usize {
+        REGION_BYTES as usize - self.fill
+    }
+
     fn run(mut self, rx: Receiver<Staged>) {
-        let mut batch: Vec<Staged> = Vec::with_capacity(self.batch_slots);
+        let mut batch: Vec<Staged> = Vec::new();
         loop {
             if self.ext.stopping.load(Relaxed) {
                 return;
@@ -69,50 +74,66 @@ impl Writer {
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
             }
-            // Never write past the end of the ring: a batch ends there and the next starts at 0.
-            let room = (self.ext.slots - self.head) as usize;
-            let limit = self.batch_slots.min(room);
-            while batch.len() < limit {
+            let mut bytes: usize = batch.iter().map(|s| s.frame.data.len()).sum();
+            while bytes < self.room() {
                 match rx.recv_timeout(GATHER) {
-                    Ok(s) => batch.push(s),
+                    Ok(s) => {
+                        bytes += s.frame.data.len();
+                        batch.push(s);
+                    }
                     Err(_) => break,
                 }
             }
-            let rest = if batch.len() > limit {
-                batch.split_off(limit)
-            } else {
-                Vec::new()
-            };
-            self.write_batch(&batch);
-            batch = rest;
+            self.write_batch(&mut batch);
         }
     }
 
-    fn write_batch(&mut self, batch: &[Staged]) {
-        let ext = &self.ext;
-        let slot_size = ext.slot_size;
-        let n = batch.len() as u32;
-        let first = self.head;
-        self.evict_slots(first, n);
-
-        let mut crcs = Vec::with_capacity(batch.len());
-        for (i, s) in batch.iter().enumerate() {
-            let dst = &mut self.buf[i * slot_size..(i + 1) * slot_size];
-            let page = &s.frame.data;
-            dst[..page.len()].copy_from_slice(page);
-            dst[page.len()..].fill(0);
-            crcs.push(crc32c::crc32c(page));
+    /// Writes the pages of `batch` that fit in the current region; the rest stay in `batch`.
+    fn write_batch(&mut self, batch: &mut Vec<Staged>) {
+        let ext = self.ext.clone();
+        if self.fill == 0 {
+            self.enter_region();
         }
-        let offset = first as u64 * slot_size as u64;
-        let bytes = batch.len() * slot_size;
+        // Largest first: each page then starts at a multiple of its own size (or of 4 KiB).
+        batch.sort_by_key(|s| std::cmp::Reverse(s.frame.data.len()));
+        let mut placed = 0;
+        let mut used = 0;
+        while placed < batch.len() && used + batch[placed].frame.data.len() <= self.room() {
+            used += batch[placed].frame.data.len();
+            placed += 1;
+        }
+        if placed == 0 {
+            // Not even the smallest page fits what is left of this region: go on to the next.
+            self.next_region();
+            return;
+        }
+        let rest = batch.split_off(placed);
+        let pages = std::mem::replace(batch, rest);
+        let placed = self.reserve_index(pages);
+        if placed.is_empty() {
+            return;
+        }
+        let mut offsets = Vec::with_capacity(placed.len());
+        let mut crcs = Vec::with_capacity(placed.len());
+        let mut at = 0;
+        for s in &placed {
+            let page = &s.frame.data;
+            self.buf[at..at + page.len()].copy_from_slice(page);
+            crcs.push(page_crc(s.key, page));
+            offsets.push(self.fill + at);
+            at += page.len();
+        }
+        let bytes = round_up(at, DIRECT_IO_ALIGN);
+        self.buf[at..bytes].fill(0);
+        let offset = self.region as u64 * REGION_BYTES + self.fill as u64;
         ext.counters.ext_outstanding_io.fetch_add(1, Relaxed);
         let res = ext.file.write_at(offset, &self.buf[..bytes]);
         ext.counters.ext_outstanding_io.fetch_sub(1, Relaxed);
-        self.head = (first + n) % ext.slots;
+        self.fill += bytes;
 
         let mut t = ext.tables.write();
         if let Err(e) = res {
-            for s in batch {
+            for s in &placed {
                 if t.staged.get(&s.key) == Some(&s.seq) {
                     t.staged.remove(&s.key);
                 }
@@ -121,40 +142,103 @@ impl Writer {
             Counters::bump(&ext.counters.ext_io_errors);
             ext.fault(format!("write error: {e}"));
             self.last_end = None;
-            return;
-        }
-        for (i, s) in batch.iter().enumerate() {
-            if t.staged.get(&s.key) == Some(&s.seq) {
-                t.staged.remove(&s.key);
-                t.index.insert(s.key, first + i as u32, crcs[i]);
+        } else {
+            t.index.prepare(self.region, placed.len());
+            for (i, s) in placed.iter().enumerate() {
+                if t.staged.get(&s.key) == Some(&s.seq) {
+                    t.staged.remove(&s.key);
+                    t.index
+                        .insert(s.key, self.region, offsets[i], s.frame.data.len(), crcs[i]);
+                }
             }
+            drop(t);
+            // Faults must be consecutive to disable the extension: a good write ends a streak.
+            ext.consecutive_faults.store(0, Relaxed);
+            let c = &ext.counters;
+            c.ext_page_writes.fetch_add(placed.len() as u64, Relaxed);
+            c.ext_bytes_written.fetch_add(bytes as u64, Relaxed);
+            if self.last_end.is_none_or(|end| end == offset) {
+                c.ext_sequential_write_pages
+                    .fetch_add(placed.len() as u64, Relaxed);
+            }
+            self.last_end = Some((offset + bytes as u64) % ext.size_bytes());
         }
-        drop(t);
-        // Faults must be consecutive to disable the extension: a good write ends a streak.
-        ext.consecutive_faults.store(0, Relaxed);
-        let c = &ext.counters;
-        c.ext_page_writes.fetch_add(n as u64, Relaxed);
-        c.ext_bytes_written.fetch_add(bytes as u64, Relaxed);
-        if self.last_end.is_none_or(|end| end == offset) {
-            c.ext_sequential_write_pages.fetch_add(n as u64, Relaxed);
+        if self.room() < crate::extension::UNIT {
+            self.next_region();
         }
-        self.last_end = Some((offset + bytes as u64) % ext.size_bytes());
     }
 
-    /// Frees slots [first, first + n) before they are overwritten.
-    fn evict_slots(&self, first: u32, n: u32) {
+    fn next_region(&mut self) {
+        self.region = (self.region + 1) % self.ext.regions;
+        self.fill = 0;
+    }
+
+    /// Forgets what the region about to be overwritten holds (the ring's oldest pages).
+    fn enter_region(&mut self) {
         let ext = &self.ext;
         let now = ext.now_ms();
-        let mut t = ext.tables.write();
-        for slot in first..first + n {
-            if t.index.clear_slot(slot).is_some() {
-                Counters::bump(&ext.counters.ext_page_evictions);
-                let last =
-                    ext.region_last_ref[(slot / ext.slots_per_region) as usize].load(Relaxed);
-                Counters::average_in(&ext.counters.ext_unreferenced_ms, now.saturating_sub(last));
-            }
+        let evicted = ext.tables.write().index.clear_region(self.region);
+        if evicted > 0 {
+            ext.counters
+                .ext_page_evictions
+                .fetch_add(evicted as u64, Relaxed);
+            let last = ext.region_last_ref[self.region].load(Relaxed);
+            Counters::average_in(&ext.counters.ext_unreferenced_ms, now.saturating_sub(last));
         }
         // A fresh region: its pages have not been referenced since they were written.
-        ext.region_last_ref[(first / ext.slots_per_region) as usize].store(now, Relaxed);
+        ext.region_last_ref[self.region].store(now, Relaxed);
+    }
+
+    /// Makes room in the index for `pages` in the current region, within the memory budget:
+    /// more memory is charged if the host allows it; otherwise the oldest regions ahead of
+    /// this one make way, and what still does not fit is dropped (counted and explained).
+    /// Returns the pages that may be written.
+    fn reserve_index(&mut self, mut pages: Vec<Staged>) -> Vec<Staged> {
+        let ext = self.ext.clone();
+        let regions_overhead = ext.regions as u64 * 8;
+        let mut ahead = 1;
+        loop {
+            let needed = ext
+                .tables
+                .read()
+                .index
+                .bytes_after_prepare(self.region, pages.len())
+                + regions_overhead;
+            if needed <= ext.charged.load(Relaxed) {
+                return pages;
+            }
+            if ext.host.charge_index(needed) {
+                ext.charged.fetch_max(needed, Relaxed);
+                return pages;
+            }
+            if ahead < ext.regions {
+                // The oldest pages go first, as they would when the ring comes round.
+                let r = (self.region + ahead) % ext.regions;
+                let evicted = ext.tables.write().index.release_region(r);
+                ext.counters
+                    .ext_page_evictions
+                    .fetch_add(evicted as u64, Relaxed);
+                ahead += 1;
+                continue;
+            }
+            let keep = pages.len() / 2;
+            let dropped = pages.split_off(keep);
+            let mut t = ext.tables.write();
+            for s in &dropped {
+                if t.staged.get(&s.key) == Some(&s.seq) {
+                    t.staged.remove(&s.key);
+                }
+            }
+            drop(t);
+            ext.drop_admission(dropped.len() as u64, || {
+                "the extension's index reached its budget (half of max server memory): pages \
+                 smaller than 4 KiB need more index memory per byte cached; raise max server \
+                 memory or use a smaller extension"
+                    .into()
+            });
+            if pages.is_empty() {
+                return pages;
+            }
+        }
     }
 }

@@ -1,32 +1,23 @@
-//! A database file read with O_DIRECT, so the OS page cache does not stand in for our tiers.
+//! A database file's descriptors: one read with O_DIRECT, so the OS page cache does not stand in
+//! for our tiers, and one buffered, for writes (made durable by the caller's sync at commit,
+//! exactly as without us), sizes and stamps. Linux keeps the two coherent: a direct read first
+//! writes back any dirty cached range.
 //!
-//! Two descriptors per file: one with O_DIRECT for reads, one buffered for writes (which SQLite
-//! makes durable at commit with a sync, exactly as without us). Linux keeps the two coherent: a
-//! direct read first writes back any dirty cached range.
+//! Callers that reach the file through a descriptor of their own (SQLite) pass `/proc/self/fd/N`
+//! as the name to open: the descriptors then lead to the caller's file, whatever the path names
+//! by now. See `files.rs` for when they are opened and closed.
 
 use super::aligned::{round_down, round_up, AlignedBuf};
-use super::emulation::Emulator;
-use super::faults::FaultInjector;
+use super::device::DataDevice;
 use crate::config::DIRECT_IO_ALIGN;
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// The byte locked by [`DataFile::claim_ownership`]: 1 TiB, beyond SQLite's lock bytes (1 GiB).
 pub const OWNER_LOCK_BYTE: i64 = 1 << 40;
-
-pub struct DataFile {
-    path: PathBuf,
-    direct: Option<File>,
-    buffered: File,
-    emulator: Option<Arc<Emulator>>,
-    faults: Arc<FaultInjector>,
-    /// Serializes writes: a sub-block write and a block write to the same block must not interleave.
-    write_lock: parking_lot::Mutex<()>,
-}
 
 /// Identity of a file on this machine: writes through any path reach the same inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -35,15 +26,68 @@ pub struct FileIdentity {
     pub ino: u64,
 }
 
+impl FileIdentity {
+    /// The file `path` leads to now (symbolic and /proc magic links followed).
+    pub fn of_path(path: &Path) -> std::io::Result<FileIdentity> {
+        let m = std::fs::metadata(path)?;
+        Ok(FileIdentity {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+
+    /// The file an open descriptor refers to.
+    pub fn of_file(file: &File) -> std::io::Result<FileIdentity> {
+        let m = file.metadata()?;
+        Ok(FileIdentity {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+}
+
+/// What a file looks like from outside, one fstat away: which file, its size, and when its data
+/// and its inode last changed (to the nanosecond). Any write changes at least the times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileStamp {
+    pub identity: FileIdentity,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl FileStamp {
+    pub fn of_metadata(m: &std::fs::Metadata) -> FileStamp {
+        FileStamp {
+            identity: FileIdentity {
+                dev: m.dev(),
+                ino: m.ino(),
+            },
+            size: m.size(),
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+        }
+    }
+
+    pub fn of_path(path: &Path) -> std::io::Result<FileStamp> {
+        std::fs::metadata(path).map(|m| FileStamp::of_metadata(&m))
+    }
+}
+
+pub struct DataFile {
+    path: PathBuf,
+    direct: Option<File>,
+    buffered: File,
+    identity: FileIdentity,
+    /// Serializes writes: a sub-block write and a block write to the same block must not interleave.
+    write_lock: parking_lot::Mutex<()>,
+}
+
 impl DataFile {
-    /// Opens `path` read-write. With `want_direct`, also opens it with O_DIRECT; where the file
-    /// system refuses (tmpfs on older kernels), reads fall back to the buffered descriptor.
-    pub fn open(
-        path: &Path,
-        want_direct: bool,
-        emulator: Option<Arc<Emulator>>,
-        faults: Arc<FaultInjector>,
-    ) -> Result<(DataFile, FileIdentity)> {
+    /// Opens `open_from` (named `path` in messages) read-write, or read-only where writing is
+    /// refused. With `want_direct`, also opens it with O_DIRECT; where the file system refuses
+    /// (tmpfs on older kernels), reads fall back to the buffered descriptor.
+    pub fn open(path: &Path, open_from: &Path, want_direct: bool) -> Result<DataFile> {
         let open_err = |source| Error::OpenData {
             path: path.to_path_buf(),
             source,
@@ -52,33 +96,32 @@ impl DataFile {
             .read(true)
             .write(true)
             .custom_flags(libc::O_CLOEXEC)
-            .open(path)
+            .open(open_from)
             .or_else(|_| {
                 OpenOptions::new()
                     .read(true)
                     .custom_flags(libc::O_CLOEXEC)
-                    .open(path)
+                    .open(open_from)
             })
             .map_err(open_err)?;
-        let meta = buffered.metadata().map_err(open_err)?;
-        let identity = FileIdentity {
-            dev: meta.dev(),
-            ino: meta.ino(),
-        };
+        let identity = FileIdentity::of_file(&buffered).map_err(open_err)?;
         let direct = if want_direct {
-            let writable = OpenOptions::new()
+            match OpenOptions::new()
                 .read(true)
-                .write(true)
                 .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
-                .open(path);
-            let fd = writable.or_else(|_| {
-                OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
-                    .open(path)
-            });
-            match fd {
-                Ok(f) => Some(f),
+                .open(open_from)
+            {
+                // Both from one name: still check they are one file.
+                Ok(f) if FileIdentity::of_file(&f).ok() == Some(identity) => Some(f),
+                Ok(other) => {
+                    // Never closed: closing a descriptor of a file this process has locks on
+                    // (the other file may be one of its databases) would drop those locks.
+                    std::mem::forget(other);
+                    std::mem::forget(buffered);
+                    return Err(open_err(std::io::Error::other(
+                        "the file was replaced while it was being opened (renamed in between)",
+                    )));
+                }
                 Err(e) => {
                     log::warn!(
                         "{}: O_DIRECT refused ({e}); reading through the OS page cache",
@@ -90,21 +133,21 @@ impl DataFile {
         } else {
             None
         };
-        Ok((
-            DataFile {
-                path: path.to_path_buf(),
-                direct,
-                buffered,
-                emulator,
-                faults,
-                write_lock: parking_lot::Mutex::new(()),
-            },
+        Ok(DataFile {
+            path: path.to_path_buf(),
+            direct,
+            buffered,
             identity,
-        ))
+            write_lock: parking_lot::Mutex::new(()),
+        })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    pub fn identity(&self) -> FileIdentity {
+        self.identity
     }
 
     /// Claims the file for this process's cache with an open-file-description lock on one byte
@@ -160,42 +203,32 @@ impl DataFile {
             .map_err(|e| self.io_err(e))
     }
 
-    /// Reads `buf.len()` bytes at `offset`. Returns how many bytes existed before end of file;
-    /// the rest of `buf` is zero-filled. Unaligned requests are rounded out to whole blocks.
-    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        if let Some(e) = self.faults.take_data_read_error() {
-            return Err(self.io_err(e));
-        }
-        if let Some(emu) = &self.emulator {
-            emu.before_io();
-        }
-        let n = match &self.direct {
-            Some(direct) => {
-                let align = DIRECT_IO_ALIGN as u64;
-                let start = round_down(offset, align);
-                let end = round_up((offset + buf.len() as u64) as usize, DIRECT_IO_ALIGN) as u64;
-                let mut block = AlignedBuf::new((end - start) as usize);
-                let got = read_full(direct, start, &mut block).map_err(|e| self.io_err(e))?;
-                let skip = (offset - start) as usize;
-                let avail = got.saturating_sub(skip).min(buf.len());
-                buf[..avail].copy_from_slice(&block[skip..skip + avail]);
-                avail
-            }
-            None => read_full(&self.buffered, offset, buf).map_err(|e| self.io_err(e))?,
-        };
-        buf[n..].fill(0);
-        Ok(n)
+    /// The file's stamp now (one fstat).
+    pub fn stamp(&self) -> Result<FileStamp> {
+        self.buffered
+            .metadata()
+            .map(|m| FileStamp::of_metadata(&m))
+            .map_err(|e| self.io_err(e))
     }
 
-    /// Writes `data` at `offset` through the OS page cache, as SQLite's own writes go: the caller
-    /// makes them durable with [`DataFile::sync`] at commit, not one device round trip per page.
-    /// Reads stay O_DIRECT; Linux keeps them coherent by writing back a dirty range before a
-    /// direct read of it, and L1 serves most re-reads of a just-written page anyway.
-    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-        let _serial = self.write_lock.lock();
-        self.buffered
-            .write_all_at(data, offset)
-            .map_err(|e| self.io_err(e))
+    /// Reads with O_DIRECT, rounding the request out to whole blocks. Returns how many bytes
+    /// existed before end of file; the rest of `buf` is zero-filled. None if the file has no
+    /// O_DIRECT descriptor.
+    pub fn read_direct(&self, offset: u64, buf: &mut [u8]) -> Option<std::io::Result<usize>> {
+        let direct = self.direct.as_ref()?;
+        let align = DIRECT_IO_ALIGN as u64;
+        let start = round_down(offset, align);
+        let end = round_up((offset + buf.len() as u64) as usize, DIRECT_IO_ALIGN) as u64;
+        let mut block = AlignedBuf::new((end - start) as usize);
+        let got = match read_full(direct, start, &mut block) {
+            Ok(n) => n,
+            Err(e) => return Some(Err(e)),
+        };
+        let skip = (offset - start) as usize;
+        let avail = got.saturating_sub(skip).min(buf.len());
+        buf[..avail].copy_from_slice(&block[skip..skip + avail]);
+        buf[avail..].fill(0);
+        Some(Ok(avail))
     }
 
     /// Drops the file's clean pages from the OS page cache (after a sync they are all clean), so
@@ -218,6 +251,23 @@ impl DataFile {
         self.buffered.sync_data().map_err(|e| self.io_err(e))?;
         self.release_os_cache();
         Ok(())
+    }
+}
+
+/// The file's own descriptors as a device: O_DIRECT reads where available, buffered writes.
+impl DataDevice for DataFile {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(r) = self.read_direct(offset, buf) {
+            return r;
+        }
+        let n = read_full(&self.buffered, offset, buf)?;
+        buf[n..].fill(0);
+        Ok(n)
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        let _serial = self.write_lock.lock();
+        self.buffered.write_all_at(data, offset)
     }
 }
 

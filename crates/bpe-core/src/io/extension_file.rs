@@ -37,8 +37,17 @@ pub fn validate_path(path: &Path) -> Result<()> {
     if !path.is_absolute() {
         return Err(bad(path, "the path must be absolute"));
     }
-    if path.file_name().is_none() {
+    let Some(name) = path.file_name() else {
         return Err(bad(path, "the path names no file"));
+    };
+    if let Some(suffix) = companion_suffix(&name.to_string_lossy()) {
+        return Err(bad(
+            path,
+            format!(
+                "a name ending in \"{suffix}\" is a database's companion file (SQLite's journal, \
+                 WAL or shared memory would be this file)"
+            ),
+        ));
     }
     let parent = path.parent().unwrap_or(Path::new("/"));
     match std::fs::metadata(parent) {
@@ -63,6 +72,21 @@ pub fn validate_path(path: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(bad(path, e.to_string())),
     }
+}
+
+/// The companion-file suffix `name` ends with, if any: SQLite opens `<db>-journal`, `<db>-wal`,
+/// `<db>-shm` and super-journals `<db>-mjXXXXXXXXX` next to a database, and an extension at such
+/// a name would be overwritten by SQLite (or overwrite a live journal).
+fn companion_suffix(name: &str) -> Option<&'static str> {
+    for suffix in ["-journal", "-wal", "-shm"] {
+        if name.ends_with(suffix) {
+            return Some(suffix);
+        }
+    }
+    // SQLite names super-journals "-mj" and nine hex digits (older versions: eight).
+    let mj = name.rfind("-mj")?;
+    let tail = &name[mj + 3..];
+    (!tail.is_empty() && tail.bytes().all(|b| b.is_ascii_hexdigit())).then_some("-mjXXXXXXXXX")
 }
 
 impl ExtensionFile {
@@ -156,6 +180,17 @@ impl ExtensionFile {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    pub fn identity(&self) -> super::FileIdentity {
+        super::FileIdentity {
+            dev: self.dev,
+            ino: self.ino,
+        }
+    }
+
+    pub fn raw_fd(&self) -> i32 {
+        self.file.as_raw_fd()
     }
 
     /// Reads `buf.len()` bytes (aligned) at `offset`.

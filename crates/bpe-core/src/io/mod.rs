@@ -1,13 +1,16 @@
-//! The I/O edge: aligned buffers, O_DIRECT data files, device emulation and fault injection.
-//! Unsafe code of the core lives here and nowhere else.
+//! The I/O edge: aligned buffers, data files (O_DIRECT reads), the extension file, devices and
+//! their wrappers (device emulation, fault injection). Unsafe code of the core lives here and
+//! nowhere else.
 
 pub mod aligned;
 pub mod data_file;
+pub mod device;
 pub mod emulation;
 pub mod extension_file;
 pub mod faults;
 
 pub use aligned::AlignedBuf;
-pub use data_file::{DataFile, FileIdentity};
+pub use data_file::{DataFile, FileIdentity, FileStamp};
+pub use device::{DataDevice, Instrumented};
 pub use emulation::Emulator;
 pub use faults::FaultInjector;

@@ -2,7 +2,8 @@
 
 use crate::config::L1_FRAME_OVERHEAD;
 use crate::page::PageKey;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::Arc;
 
 pub struct Frame {
     pub key: PageKey,
@@ -16,6 +17,9 @@ pub struct Frame {
     pub last_access_ms: AtomicU64,
     /// Microseconds the read that brought this page in took.
     pub read_micros: u32,
+    /// The file's current key (see `page.rs`): once it differs from `key.file`, this frame is a
+    /// dead copy that nothing can find, and it is not worth writing to the extension.
+    current_key: Option<Arc<AtomicU32>>,
 }
 
 impl Frame {
@@ -25,6 +29,7 @@ impl Frame {
         now_ms: u64,
         read_micros: u32,
         prefetched: bool,
+        current_key: Option<Arc<AtomicU32>>,
     ) -> Self {
         Frame {
             key,
@@ -35,7 +40,15 @@ impl Frame {
             loaded_ms: now_ms,
             last_access_ms: AtomicU64::new(now_ms),
             read_micros,
+            current_key,
         }
+    }
+
+    /// False once the file's pages were forgotten as a whole (it has a new key).
+    pub fn is_current(&self) -> bool {
+        self.current_key
+            .as_ref()
+            .is_none_or(|k| k.load(Relaxed) == self.key.file)
     }
 
     /// Bytes this frame counts against max server memory.

@@ -11,8 +11,8 @@ mod replacer;
 pub use frame::Frame;
 pub use pending::Pending;
 
-use crate::page::{FileId, PageKey, PageKeyHash};
-use parking_lot::{Mutex, RwLock};
+use crate::page::{FileKey, PageKey, PageKeyHash};
+use crate::sync::{Mutex, Rank, RwLock};
 use replacer::Replacer;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -71,8 +71,10 @@ pub struct BufferPool {
 impl BufferPool {
     pub fn new(target_bytes: u64) -> Self {
         BufferPool {
-            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
-            replacer: Mutex::new(Replacer::default()),
+            shards: (0..SHARDS)
+                .map(|_| RwLock::new(Rank::Shard, Shard::default()))
+                .collect(),
+            replacer: Mutex::new(Rank::Replacer, Replacer::default()),
             used: AtomicU64::new(0),
             target: AtomicU64::new(target_bytes),
             live_frames: AtomicUsize::new(0),
@@ -246,7 +248,7 @@ impl BufferPool {
     }
 
     /// Drops every cached page of `file` (or of every file), without offering them to L2.
-    pub fn invalidate(&self, file: Option<FileId>) {
+    pub fn invalidate(&self, file: Option<FileKey>) {
         for shard in &self.shards {
             let mut shard = shard.write();
             let keys: Vec<PageKey> = shard
@@ -275,7 +277,7 @@ impl BufferPool {
     }
 
     /// Drops cached pages of `file` at or beyond `first_page` (after a truncate).
-    pub fn invalidate_from(&self, file: FileId, first_page: u64) {
+    pub fn invalidate_from(&self, file: FileKey, first_page: u64) {
         for shard in &self.shards {
             let mut shard = shard.write();
             let keys: Vec<PageKey> = shard
@@ -324,10 +326,6 @@ impl BufferPool {
             self.target_bytes()
         );
         assert!(frames.iter().all(|f| f.is_resident()));
-    }
-
-    pub fn queued_entries(&self) -> usize {
-        self.replacer.lock().queued()
     }
 }
 

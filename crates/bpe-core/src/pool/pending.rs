@@ -31,6 +31,8 @@ impl Pending {
     }
 
     pub fn wait(&self) {
+        // Waiting under a lock could wait for a thread that waits for that lock.
+        crate::sync::assert_no_locks_held("waiting for another thread's page I/O");
         let mut done = self.done.lock();
         while !*done {
             self.cv.wait(&mut done);

@@ -105,8 +105,4 @@ impl Replacer {
     pub fn clear(&mut self) {
         *self = Replacer::default();
     }
-
-    pub fn queued(&self) -> usize {
-        self.small.len() + self.main.len()
-    }
 }

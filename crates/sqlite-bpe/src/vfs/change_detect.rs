@@ -1,128 +1,74 @@
-//! Noticing that another process changed the database file, so this process never serves a
-//! stale cached page. (Another process using bpe on the same file is refused outright by the
-//! core's ownership claim; this is for plain SQLite processes.)
+//! Noticing that the database file changed under this process's cache, so that no connection
+//! is ever served a stale page: at the start of every read transaction, with no device round
+//! trip when nothing changed.
 //!
-//! - Rollback journal: every writer bumps the file change counter (header bytes 24..28). At the
-//!   start of each read transaction we read it from disk; a value we did not write means another
-//!   process wrote, and the file's cached pages are dropped.
-//! - WAL: the database file only changes when a checkpoint copies frames into it (backfill).
-//!   The wal-index records how far backfill got (nBackfill) and the WAL's salts, which change when
-//!   a writer restarts the WAL. We account for every change of that token at the start of each read
-//!   transaction and whenever one of our connections takes or releases the wal-index write or
-//!   checkpoint lock. A change is ours when our connection held the lock that makes it (backfill:
-//!   the checkpoint lock; restart: the write lock); our own checkpoints write through our cache, so
-//!   they need no invalidation. Any other change means another process checkpointed (or restarted
-//!   a WAL that someone backfilled unseen): the file's cached pages are dropped.
+//! Three signals, all in memory or one syscall away:
 //!
-//!   The token is accounted per database file for the whole process, not per connection, and the
-//!   lock holders are per file too: at most one connection anywhere holds each of those locks.
+//! - **Rollback journal**: every committing writer bumps the file change counter (header bytes
+//!   24..40, as SQLite's pager compares them). The header is read through SQLite's own buffered
+//!   descriptor: on a local file system the OS page cache is coherent with every writer, so the
+//!   read costs no device I/O when nothing changed, and this process's O_DIRECT reads never
+//!   evict it (after our syncs we drop the rest of the file from the page cache, not its first
+//!   block). A counter we did not write means another process committed.
+//! - **WAL**: the database file changes only at checkpoints (backfill). The wal-index records how
+//!   far backfill got (nBackfill) and the WAL's salts, which change when a writer restarts the
+//!   WAL. Every change of that token is accounted, at the start of each read transaction and
+//!   whenever one of our connections takes or releases the wal-index write or checkpoint lock; a
+//!   change is ours when our connection held the lock that makes it (backfill: the checkpoint
+//!   lock; restart: the write lock). Our checkpoints write through the cache. Any other change
+//!   means another process checkpointed.
+//! - **The file's stamp** (identity, size, mtime and ctime to the nanosecond; one fstat): any
+//!   write changes it, including writes outside SQLite's protocol (a backup restored with `cp`
+//!   over the file, a patch with `dd`). We accept the new stamp after our own writes, before
+//!   releasing the lock they were made under, so a changed stamp means another writer. In WAL
+//!   mode a stamp change while frames wait for a checkpoint may be a checkpoint in progress in
+//!   another process (it updates nBackfill only when done): we wait for the wal-index to say.
+//!
+//! A change we cannot attribute empties the file's cache (a new key: O(1), see bpe-core's
+//! page.rs). The per-file state lives with the core's file entry, across closes and reopens;
+//! while no connection of ours has the file open, the registry compares the stamp at the reopen.
+//!
+//! What no check can catch (docs/SQLITE.md): a change outside SQLite's protocol made while one
+//! of our connections is inside its own write transaction on the file, or that restores the
+//! stamp (size and both times) exactly; on kernels before 6.13 (coarse timestamps), one made
+//! within the same clock tick as our own last write; and on file systems whose page cache is not
+//! coherent across clients (NFS), anything another machine writes.
 
-use bpe_core::{Engine, FileHandle};
-use parking_lot::Mutex;
-use std::collections::HashMap;
+use bpe_core::io::FileStamp;
+use bpe_core::sync::{Mutex, Rank};
+use bpe_core::{Engine, FileHandle, OpenKind};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
 
 /// What this process knows of one database file, shared by all its connections to it.
-#[derive(Default)]
-pub struct InodeState {
-    counter: Mutex<Option<[u8; 4]>>,
-    wal: Mutex<WalView>,
-    openers: Mutex<usize>,
+pub struct FileWatch {
+    state: Mutex<Watch>,
 }
 
-static INODES: OnceLock<Mutex<HashMap<bpe_core::FileId, Arc<InodeState>>>> = OnceLock::new();
-
-fn inodes() -> &'static Mutex<HashMap<bpe_core::FileId, Arc<InodeState>>> {
-    INODES.get_or_init(Default::default)
-}
-
-pub fn attach(file: &FileHandle) -> Arc<InodeState> {
-    let mut map = inodes().lock();
-    let state = map.entry(file.id).or_default().clone();
-    *state.openers.lock() += 1;
-    state
-}
-
-pub fn detach(file: &FileHandle, state: &InodeState) {
-    let mut openers = state.openers.lock();
-    *openers -= 1;
-    if *openers == 0 {
-        inodes().lock().remove(&file.id);
-    }
-}
-
-impl InodeState {
-    /// The change counter as read from disk: drops the cache if someone else changed it.
-    pub fn observe_counter(&self, engine: &Engine, file: &FileHandle, counter: [u8; 4]) {
-        let mut known = self.counter.lock();
-        if known.is_some_and(|k| k != counter) {
-            engine.invalidate_file(file);
-        }
-        *known = Some(counter);
-    }
-
-    /// We wrote the header: the counter in it is ours.
-    pub fn wrote_counter(&self, counter: [u8; 4]) {
-        *self.counter.lock() = Some(counter);
-    }
-
-    /// The wal-index token at the start of a read transaction.
-    pub fn observe_wal(
-        &self,
-        engine: &Engine,
-        file: &FileHandle,
-        read_token: impl FnOnce() -> WalToken,
-    ) {
-        if self.account_wal(read_token, None) {
-            engine.invalidate_file(file);
+impl Default for FileWatch {
+    fn default() -> Self {
+        FileWatch {
+            state: Mutex::new(Rank::FileState, Watch::default()),
         }
     }
-
-    /// One of our connections took (`held` = true) or is about to release the wal-index write
-    /// and/or checkpoint lock. Called while the lock is held, so no change of the kind it guards
-    /// can slip between the accounting and the flag.
-    pub fn wal_lock(
-        &self,
-        engine: &Engine,
-        file: &FileHandle,
-        read_token: impl FnOnce() -> WalToken,
-        lock: WalLocks,
-        held: bool,
-    ) {
-        if self.account_wal(read_token, Some((lock, held))) {
-            engine.invalidate_file(file);
-        }
-    }
-
-    /// Accounts the current token and, if given, sets the lock flags; true when the file's
-    /// cached pages must be dropped.
-    ///
-    /// The token is read *under* the view's mutex. Read before it, a token can go stale while
-    /// the caller waits: another connection's checkpoint may take the checkpoint lock, backfill
-    /// and account the newer token in between, and the stale one would then look like a
-    /// backfill nobody here made (the two stray whole-file invalidations of the TPC-C run).
-    fn account_wal(
-        &self,
-        read_token: impl FnOnce() -> WalToken,
-        lock: Option<(WalLocks, bool)>,
-    ) -> bool {
-        let mut wal = self.wal.lock();
-        let invalidate = wal.account(read_token());
-        if let Some((lock, held)) = lock {
-            if lock.write {
-                wal.writing = held;
-            }
-            if lock.checkpoint {
-                wal.checkpointing = held;
-            }
-        }
-        invalidate
-    }
 }
 
-/// (salt1, salt2, nBackfill) from the wal-index.
-pub type WalToken = [u32; 3];
+#[derive(Default, Debug)]
+struct Watch {
+    /// Header bytes 24..40 as last read or written by us.
+    header: Option<[u8; 16]>,
+    wal: WalView,
+    /// Opened again after a time with no connection of ours on it, with a stamp that could not
+    /// vouch for the WAL alone (see `opened`).
+    reopened_racy: bool,
+}
+
+/// (salt1, salt2, nBackfill, mxFrame) from the wal-index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WalToken {
+    pub salts: [u32; 2],
+    pub backfill: u32,
+    pub max_frame: u32,
+}
 
 /// Which of the wal-index locks that change the token a lock call covers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -149,12 +95,12 @@ impl WalView {
         let Some(known) = self.known.replace(token) else {
             return false;
         };
-        if known[..2] != token[..2] {
+        if known.salts != token.salts {
             // A restart. Ours needs the write lock, and our writer restarts only a WAL it saw
             // fully backfilled when its read transaction began (accounted then). Another
             // process's restart may follow a backfill we never saw.
             !self.writing
-        } else if known[2] != token[2] {
+        } else if known.backfill != token.backfill {
             !self.checkpointing
         } else {
             false
@@ -162,7 +108,138 @@ impl WalView {
     }
 }
 
-/// Reads (salt1, salt2, nBackfill) from wal-index region 0.
+impl FileWatch {
+    /// A connection opened the file: `kind` says what the registry found.
+    pub fn opened(&self, kind: OpenKind) {
+        let mut w = self.state.lock();
+        match kind {
+            OpenKind::New | OpenKind::Shared => {}
+            OpenKind::Reopened { changed, racy } => {
+                // While nobody here had it open, nothing was accounted: the WAL may have been
+                // deleted and created anew (new salts, unrelated nBackfill). The registry
+                // compared the stamp: if the file changed, its pages are gone already; if not,
+                // the database file holds what we cached, and the next token starts afresh.
+                w.wal.known = None;
+                if changed {
+                    w.header = None;
+                }
+                w.reopened_racy = racy && !changed;
+            }
+        }
+    }
+
+    /// A read transaction begins in rollback mode (or in WAL mode without a wal-index mapped,
+    /// as with `readonly_shm`): `header` is bytes 24..40 read just now, `stamp` the file's stamp.
+    pub fn begin_read(
+        &self,
+        engine: &Engine,
+        file: &FileHandle,
+        header: Option<[u8; 16]>,
+        stamp: Option<FileStamp>,
+    ) {
+        let mut w = self.state.lock();
+        let counter_moved = matches!((w.header, header), (Some(a), Some(b)) if a != b);
+        let stamp_moved = stamp.is_some_and(|s| file.known_stamp().is_none_or(|k| k.stamp != s));
+        if counter_moved || stamp_moved {
+            engine.invalidate_file(file);
+        }
+        if header.is_some() {
+            w.header = header;
+        }
+        if let Some(s) = stamp {
+            file.accept_stamp(s);
+        }
+        w.reopened_racy = false;
+    }
+
+    /// A read transaction begins in WAL mode (a read mark was just locked): `read_token` reads
+    /// the wal-index now, under our lock (read before it, a token can go stale while we wait,
+    /// behind another connection's checkpoint that backfilled and accounted the newer one, and
+    /// then look like a foreign backfill: the two stray invalidations of a TPC-C run).
+    pub fn begin_read_wal(
+        &self,
+        engine: &Engine,
+        file: &FileHandle,
+        read_token: impl FnOnce() -> WalToken,
+        stamp: Option<FileStamp>,
+    ) {
+        let mut w = self.state.lock();
+        let token = read_token();
+        let mut invalidate = w.wal.account(token);
+        if std::mem::take(&mut w.reopened_racy) {
+            // The stamp compared at the reopen was taken within a clock tick of a write: on a
+            // kernel with coarse timestamps a foreign checkpoint in that tick leaves it equal.
+            invalidate = true;
+        }
+        let stamp_moved = stamp.is_some_and(|s| file.known_stamp().is_none_or(|k| k.stamp != s));
+        let accept = if invalidate {
+            true
+        } else if !stamp_moved || w.wal.checkpointing {
+            // Our own checkpoint writes through the cache; it accepts the stamp when it ends.
+            false
+        } else if token.backfill < token.max_frame {
+            // Frames wait for a checkpoint: the change may be one in progress elsewhere, which
+            // says so in nBackfill when it is done. Pages it is writing are in the WAL for every
+            // reader until then.
+            false
+        } else {
+            // Nothing to checkpoint, yet the file changed: a write outside SQLite's protocol.
+            invalidate = true;
+            true
+        };
+        if invalidate {
+            engine.invalidate_file(file);
+        }
+        if let (true, Some(s)) = (accept, stamp) {
+            file.accept_stamp(s);
+        }
+    }
+
+    /// One of our connections took (`held` = true) or is about to release the wal-index write
+    /// and/or checkpoint lock. Called while the lock is held, so no change of the kind it guards
+    /// can slip between the accounting and the flag. Releasing the checkpoint lock accepts the
+    /// file's stamp (our checkpoint's writes).
+    pub fn wal_lock(
+        &self,
+        engine: &Engine,
+        file: &FileHandle,
+        read_token: impl FnOnce() -> WalToken,
+        lock: WalLocks,
+        held: bool,
+    ) {
+        let mut w = self.state.lock();
+        if w.wal.account(read_token()) {
+            engine.invalidate_file(file);
+        }
+        if lock.write {
+            w.wal.writing = held;
+        }
+        if lock.checkpoint {
+            w.wal.checkpointing = held;
+            if !held {
+                if let Ok(s) = file.stamp_now() {
+                    file.accept_stamp(s);
+                }
+            }
+        }
+    }
+
+    /// We wrote the header: the counter in it is ours.
+    pub fn wrote_header(&self, header: [u8; 16]) {
+        self.state.lock().header = Some(header);
+    }
+
+    /// Our write transaction ends: its writes are ours, accept the file's stamp before the lock
+    /// they were made under is released.
+    pub fn wrote(&self, file: &FileHandle) {
+        let _w = self.state.lock();
+        if let Ok(s) = file.stamp_now() {
+            file.accept_stamp(s);
+        }
+    }
+}
+
+/// Reads (salt1, salt2, nBackfill, mxFrame) from wal-index region 0.
 ///
 /// # Safety
 /// `region0` must be the mapping SQLite returned for region 0 (at least 136 bytes), still mapped.
@@ -171,18 +248,26 @@ pub unsafe fn wal_token(region0: *const u8) -> WalToken {
     // SAFETY: offsets are within the 32 KiB region and 4-byte aligned; the mapping is live.
     let word =
         |off: usize| unsafe { (*(region0.add(off) as *const AtomicU32)).load(Ordering::Acquire) };
-    [word(32), word(36), word(96)]
+    WalToken {
+        salts: [word(32), word(36)],
+        backfill: word(96),
+        max_frame: word(16),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{InodeState, WalLocks, WalView};
+    use super::{FileWatch, WalLocks, WalToken, WalView};
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 
     const SALTS: [u32; 2] = [7, 9];
 
-    fn token(salts: [u32; 2], backfill: u32) -> [u32; 3] {
-        [salts[0], salts[1], backfill]
+    fn token(salts: [u32; 2], backfill: u32) -> WalToken {
+        WalToken {
+            salts,
+            backfill,
+            max_frame: backfill,
+        }
     }
 
     #[test]
@@ -224,42 +309,48 @@ mod tests {
 
     /// One connection checkpoints in a loop (checkpoint lock, backfill, release) while two others
     /// begin read transactions: every change is ours, so none may count as another process's.
-    /// Reading the token before taking the view's mutex fails this within a few thousand rounds.
+    /// Reading the token before taking the watch's lock fails this within a few thousand rounds.
     #[test]
     fn our_own_checkpoints_racing_our_readers_never_invalidate() {
-        let state = InodeState::default();
+        // On the project's disk: /tmp may be tmpfs.
+        let base = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/tmp");
+        std::fs::create_dir_all(base).unwrap();
+        let dir = tempfile::tempdir_in(base).unwrap();
+        let path = dir.path().join("db");
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        let engine = bpe_core::Engine::new(bpe_core::Config::default());
+        let file = engine.open_file(&path, 4096).unwrap();
+        let watch = FileWatch::default();
         let backfill = AtomicU32::new(0);
-        let read = || [7, 9, backfill.load(SeqCst)];
+        let read = || WalToken {
+            salts: SALTS,
+            backfill: backfill.load(SeqCst),
+            max_frame: 1 << 20,
+        };
         let done = AtomicBool::new(false);
         let ckpt = WalLocks {
             write: false,
             checkpoint: true,
         };
-        let stray = std::thread::scope(|s| {
-            let readers: Vec<_> = (0..2)
-                .map(|_| {
-                    s.spawn(|| {
-                        let mut stray = 0;
-                        while !done.load(SeqCst) {
-                            stray += usize::from(state.account_wal(read, None));
-                        }
-                        stray
-                    })
-                })
-                .collect();
-            let mut stray = 0;
-            for _ in 0..200_000 {
-                stray += usize::from(state.account_wal(read, Some((ckpt, true))));
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    while !done.load(SeqCst) {
+                        watch.begin_read_wal(&engine, &file, read, None);
+                    }
+                });
+            }
+            for _ in 0..50_000 {
+                watch.wal_lock(&engine, &file, read, ckpt, true);
                 backfill.fetch_add(1, SeqCst);
-                stray += usize::from(state.account_wal(read, Some((ckpt, false))));
+                watch.wal_lock(&engine, &file, read, ckpt, false);
             }
             done.store(true, SeqCst);
-            stray
-                + readers
-                    .into_iter()
-                    .map(|r| r.join().unwrap())
-                    .sum::<usize>()
         });
-        assert_eq!(stray, 0, "own checkpoints taken for another process's");
+        assert_eq!(
+            engine.counters().file_invalidations,
+            0,
+            "own checkpoints taken for another process's"
+        );
     }
 }

@@ -1,12 +1,21 @@
 //! The main database file's methods: page reads and writes go through the core; everything else
-//! (locks, size, sync, shared memory) goes to the unix file underneath, with a look at the locks
-//! and the wal-index for changes made by other processes.
+//! (locks, size, sync, shared memory, the header) goes to the unix file underneath, with a look
+//! at each read transaction's start for changes made by others (`change_detect.rs`).
+//!
+//! The core's descriptors are derived from SQLite's own (`/proc/self/fd/N`), so SQLite's locks
+//! and syncs and our page I/O are on one file whatever happens to its name meanwhile. Page
+//! writes go through SQLite's own write method; page reads on a miss through our O_DIRECT
+//! descriptor, or SQLite's read method where O_DIRECT is not used.
 
-use super::change_detect::{self, InodeState, WalLocks};
+use super::change_detect::{self, FileWatch, WalLocks, WalToken};
+use super::unix_file::{self, unix, UnixFile};
 use crate::api;
-use bpe_core::{Error, FileHandle};
+use crate::ffi::guard;
+use bpe_core::io::FileIdentity;
+use bpe_core::{Engine, Error, FileHandle, OpenRequest, Via};
 use libsqlite3_sys::*;
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Our part of SQLite's file object; the unix file follows at REAL_OFFSET.
@@ -20,28 +29,84 @@ pub const REAL_OFFSET: usize = std::mem::size_of::<BpeFile>().next_multiple_of(1
 
 /// One connection's open main database file.
 pub struct Conn {
+    engine: Arc<Engine>,
+    /// The process generation `engine` belongs to (a forked child has a new one).
+    generation: u64,
     handle: FileHandle,
-    inode: Arc<InodeState>,
+    watch: Arc<FileWatch>,
+    path: PathBuf,
+    /// SQLite's descriptor of the file and its identity, when the unix VFS lets us see them.
+    fd: Option<c_int>,
+    identity: Option<FileIdentity>,
     /// wal-index region 0 while mapped (WAL mode).
     shm0: *const u8,
     lock: c_int,
-    /// Header bytes 24..40 read from disk when the read transaction began, handed to SQLite's
-    /// own change-counter read so that it costs no second I/O.
+    /// Written since the lock was last released: accept the stamp before releasing it.
+    wrote: bool,
+    /// Header bytes 24..40 read when the read transaction began, handed to SQLite's own read of
+    /// the same bytes that follows, which then costs no second read.
     header: Option<[u8; 16]>,
 }
 
 impl Conn {
-    pub fn open(path: &std::path::Path) -> Result<Conn, Error> {
-        let handle = crate::engine().open_file(path, 4096)?;
-        let inode = change_detect::attach(&handle);
+    pub fn open(
+        path: &Path,
+        fd: Option<c_int>,
+        identity: Option<FileIdentity>,
+    ) -> Result<Conn, Error> {
+        let engine = crate::process::engine();
+        let (handle, watch) = attach(&engine, path, fd, identity)?;
         Ok(Conn {
+            engine,
+            generation: crate::process::generation(),
             handle,
-            inode,
+            watch,
+            path: path.to_path_buf(),
+            fd,
+            identity,
             shm0: std::ptr::null(),
             lock: SQLITE_LOCK_NONE,
+            wrote: false,
             header: None,
         })
     }
+
+    /// After a fork, moves this connection to the child's engine (the parent's is never
+    /// touched in the child: its locks may be held by threads that do not exist here).
+    fn follow_fork(&mut self) -> Result<(), Error> {
+        let generation = crate::process::generation();
+        if generation == self.generation {
+            return Ok(());
+        }
+        let engine = crate::process::engine();
+        let (handle, watch) = attach(&engine, &self.path, self.fd, self.identity)?;
+        std::mem::forget(std::mem::replace(&mut self.engine, engine));
+        std::mem::forget(std::mem::replace(&mut self.handle, handle));
+        std::mem::forget(std::mem::replace(&mut self.watch, watch));
+        self.generation = generation;
+        Ok(())
+    }
+}
+
+/// Opens the file in the engine from SQLite's descriptor and finds its change detection.
+fn attach(
+    engine: &Engine,
+    path: &Path,
+    fd: Option<c_int>,
+    identity: Option<FileIdentity>,
+) -> Result<(FileHandle, Arc<FileWatch>), Error> {
+    let proc_fd = fd
+        .map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")))
+        .filter(|p| p.exists());
+    let (handle, kind) = engine.open_file_with(&OpenRequest {
+        path,
+        open_from: proc_fd.as_deref().unwrap_or(path),
+        expect: identity,
+        page_size: 4096,
+    })?;
+    let watch = handle.client_state(FileWatch::default);
+    watch.opened(kind);
+    Ok((handle, watch))
 }
 
 /// # Safety
@@ -98,22 +163,29 @@ static METHODS: sqlite3_io_methods = sqlite3_io_methods {
     xUnfetch: None,
 };
 
-/// The connection and the unix file behind a bpe file object.
+/// The connection and the unix file behind a bpe file object, on this process's engine.
 ///
 /// # Safety
 /// `f` is an open bpe main-database file (install() ran); SQLite serializes calls per file.
-unsafe fn parts<'a>(f: *mut sqlite3_file) -> (&'a mut Conn, *mut sqlite3_file) {
+unsafe fn parts<'a>(f: *mut sqlite3_file) -> Result<(&'a mut Conn, *mut sqlite3_file), c_int> {
     // SAFETY: forwarded contract.
-    unsafe { (&mut *(*(f as *mut BpeFile)).conn, real(f)) }
+    let conn = unsafe { &mut *(*(f as *mut BpeFile)).conn };
+    conn.follow_fork().map_err(|_| SQLITE_IOERR)?;
+    // SAFETY: forwarded contract.
+    Ok((conn, unsafe { real(f) }))
 }
 
-/// The unix file's method `$m`, called with `$args`.
-macro_rules! unix {
-    ($real:expr, $m:ident $(, $arg:expr)*) => {{
-        let real = $real;
-        // SAFETY: real is the open unix file; the unix VFS implements every method of version 3.
-        unsafe { ((*(*real).pMethods).$m.expect(stringify!($m)))(real $(, $arg)*) }
-    }};
+/// Runs a method body on the connection, with panics and a failed fork move made errors.
+macro_rules! method {
+    ($f:expr, $fallback:expr, $name:literal, |$conn:ident, $real:ident| $body:expr) => {
+        guard($fallback, $name, || {
+            // SAFETY: SQLite calls our methods only on files we installed.
+            match unsafe { parts($f) } {
+                Ok(($conn, $real)) => $body,
+                Err(rc) => rc,
+            }
+        })
+    };
 }
 
 fn page_shaped(amt: c_int, off: i64) -> bool {
@@ -121,65 +193,69 @@ fn page_shaped(amt: c_int, off: i64) -> bool {
     (512..=65536).contains(&amt) && (amt as u64).is_power_of_two() && off % amt == 0
 }
 
+/// The SQLite code for a core error: SQLite's own code where its method failed, else `default`.
 fn io_code(e: &Error, default: c_int) -> c_int {
     match e {
-        Error::DataIo { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => SQLITE_FULL,
+        Error::DataIo { source, .. } => match unix_file::sqlite_code(source) {
+            Some(rc) => rc,
+            None if source.raw_os_error() == Some(libc::ENOSPC) => SQLITE_FULL,
+            None => default,
+        },
         _ => default,
     }
 }
 
 unsafe extern "C" fn close(f: *mut sqlite3_file) -> c_int {
-    let bf = f as *mut BpeFile;
-    // SAFETY: f was installed; conn is taken back exactly once, and the unix file closed once.
-    unsafe {
-        let conn = Box::from_raw((*bf).conn);
-        (*bf).conn = std::ptr::null_mut();
-        let rc = close_real(real(f));
-        change_detect::detach(&conn.handle, &conn.inode);
-        crate::engine().close_file(&conn.handle);
-        rc
-    }
+    guard(SQLITE_IOERR_CLOSE, "xClose", || {
+        let bf = f as *mut BpeFile;
+        // SAFETY: f was installed; conn is taken back exactly once, and the unix file closed once.
+        unsafe {
+            let mut conn = Box::from_raw((*bf).conn);
+            (*bf).conn = std::ptr::null_mut();
+            let moved = conn.follow_fork();
+            let rc = close_real(real(f));
+            if moved.is_ok() {
+                conn.engine.close_file(&conn.handle);
+            }
+            rc
+        }
+    })
 }
 
 unsafe extern "C" fn read(f: *mut sqlite3_file, buf: *mut c_void, amt: c_int, off: i64) -> c_int {
-    // SAFETY: f is open; buf has amt writable bytes.
-    let (conn, _) = unsafe { parts(f) };
-    let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, amt as usize) };
-    let engine = crate::engine();
-    if page_shaped(amt, off) {
-        if conn.handle.page_size() != amt as usize
-            && engine.set_page_size(&conn.handle, amt as usize).is_err()
-        {
-            return SQLITE_IOERR_READ;
-        }
-        return match engine.read_page(&conn.handle, off as u64 / amt as u64, out) {
-            Ok(r) if r.len == out.len() => SQLITE_OK,
-            Ok(_) => SQLITE_IOERR_SHORT_READ,
-            Err(e) => io_code(&e, SQLITE_IOERR_READ),
-        };
-    }
-    // SQLite's change-counter read at the start of a read transaction: we just read it.
-    if off == 24 && amt == 16 {
-        if let Some(h) = conn.header.take() {
-            out.copy_from_slice(&h);
-            return SQLITE_OK;
-        }
-    }
-    match engine.read_uncached(&conn.handle, off as u64, out) {
-        Ok(n) => {
-            if off <= 24 && off + n as i64 >= 28 {
-                let at = (24 - off) as usize;
-                let counter = out[at..at + 4].try_into().expect("4 bytes");
-                conn.inode.observe_counter(engine, &conn.handle, counter);
+    method!(f, SQLITE_IOERR_READ, "xRead", |conn, real| {
+        // SAFETY: buf has amt writable bytes.
+        let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, amt as usize) };
+        if page_shaped(amt, off) {
+            if conn.handle.page_size() != amt as usize
+                && conn
+                    .engine
+                    .set_page_size(&conn.handle, amt as usize)
+                    .is_err()
+            {
+                return SQLITE_IOERR_READ;
             }
-            if n == out.len() {
-                SQLITE_OK
-            } else {
-                SQLITE_IOERR_SHORT_READ
+            let device = UnixFile(real);
+            let page = off as u64 / amt as u64;
+            return match conn
+                .engine
+                .read_page_via(&conn.handle, page, out, Via(Some(&device)))
+            {
+                Ok(r) if r.len == out.len() => SQLITE_OK,
+                Ok(_) => SQLITE_IOERR_SHORT_READ,
+                Err(e) => io_code(&e, SQLITE_IOERR_READ),
+            };
+        }
+        // SQLite's change-counter read at the start of a read transaction: we just read it.
+        if off == 24 && amt == 16 {
+            if let Some(h) = conn.header.take() {
+                out.copy_from_slice(&h);
+                return SQLITE_OK;
             }
         }
-        Err(e) => io_code(&e, SQLITE_IOERR_READ),
-    }
+        // Not a page (the header): SQLite's own buffered read, coherent with every writer.
+        unix!(real, xRead, buf, amt, off)
+    })
 }
 
 unsafe extern "C" fn write(
@@ -188,135 +264,164 @@ unsafe extern "C" fn write(
     amt: c_int,
     off: i64,
 ) -> c_int {
-    // SAFETY: f is open; buf has amt readable bytes.
-    let (conn, real) = unsafe { parts(f) };
-    let data = unsafe { std::slice::from_raw_parts(buf as *const u8, amt as usize) };
-    let engine = crate::engine();
-    if page_shaped(amt, off) {
-        if conn.handle.page_size() != amt as usize
-            && engine.set_page_size(&conn.handle, amt as usize).is_err()
-        {
-            return SQLITE_IOERR_WRITE;
+    method!(f, SQLITE_IOERR_WRITE, "xWrite", |conn, real| {
+        // SAFETY: buf has amt readable bytes.
+        let data = unsafe { std::slice::from_raw_parts(buf as *const u8, amt as usize) };
+        conn.wrote = true;
+        if page_shaped(amt, off) {
+            if conn.handle.page_size() != amt as usize
+                && conn
+                    .engine
+                    .set_page_size(&conn.handle, amt as usize)
+                    .is_err()
+            {
+                return SQLITE_IOERR_WRITE;
+            }
+            let device = UnixFile(real);
+            let page = off as u64 / amt as u64;
+            if let Err(e) = conn
+                .engine
+                .write_page_via(&conn.handle, page, data, Via(Some(&device)))
+            {
+                return io_code(&e, SQLITE_IOERR_WRITE);
+            }
+        } else {
+            // Not a page: write it as SQLite asked and forget what we cached of the file.
+            let rc = unix!(real, xWrite, buf, amt, off);
+            if rc != SQLITE_OK {
+                return rc;
+            }
+            conn.engine.invalidate_file(&conn.handle);
         }
-        if let Err(e) = engine.write_page(&conn.handle, off as u64 / amt as u64, data) {
-            return io_code(&e, SQLITE_IOERR_WRITE);
+        if off <= 24 && off + amt as i64 >= 40 {
+            let at = (24 - off) as usize;
+            conn.watch
+                .wrote_header(data[at..at + 16].try_into().expect("16 bytes"));
         }
-    } else {
-        // Not a page: write it as SQLite asked and forget what we cached of the file.
-        let rc = unix!(real, xWrite, buf, amt, off);
-        if rc != SQLITE_OK {
-            return rc;
-        }
-        engine.invalidate_file(&conn.handle);
-    }
-    if off <= 24 && off + amt as i64 >= 28 {
-        let at = (24 - off) as usize;
-        conn.inode
-            .wrote_counter(data[at..at + 4].try_into().expect("4 bytes"));
-    }
-    SQLITE_OK
+        SQLITE_OK
+    })
 }
 
 unsafe extern "C" fn truncate(f: *mut sqlite3_file, size: i64) -> c_int {
-    // SAFETY: f is open.
-    let (conn, real) = unsafe { parts(f) };
-    let rc = unix!(real, xTruncate, size);
-    if rc != SQLITE_OK {
-        return rc;
-    }
-    match crate::engine().truncate(&conn.handle, size as u64) {
-        Ok(()) => SQLITE_OK,
-        Err(e) => io_code(&e, SQLITE_IOERR_TRUNCATE),
-    }
+    method!(f, SQLITE_IOERR_TRUNCATE, "xTruncate", |conn, real| {
+        // The unix VFS rounds the size up to the chunk size (SQLITE_FCNTL_CHUNK_SIZE): the file
+        // is SQLite's to size. Pages past the size SQLite asked for are forgotten.
+        let rc = unix!(real, xTruncate, size);
+        if rc == SQLITE_OK {
+            conn.wrote = true;
+            conn.engine.truncated(&conn.handle, size as u64);
+        }
+        rc
+    })
 }
 
 unsafe extern "C" fn sync(f: *mut sqlite3_file, flags: c_int) -> c_int {
-    // SAFETY: f is open.
-    let (conn, real) = unsafe { parts(f) };
-    // fsync through the unix descriptor flushes the inode, our writes included.
-    let rc = unix!(real, xSync, flags);
-    if rc == SQLITE_OK {
-        crate::engine().release_os_cache(&conn.handle);
-    }
-    rc
+    method!(f, SQLITE_IOERR_FSYNC, "xSync", |conn, real| {
+        // fsync through the unix descriptor flushes the inode, our writes included.
+        let rc = unix!(real, xSync, flags);
+        if rc == SQLITE_OK {
+            conn.engine.release_os_cache(&conn.handle);
+        }
+        rc
+    })
 }
 
 unsafe extern "C" fn file_size(f: *mut sqlite3_file, size: *mut i64) -> c_int {
-    unix!(unsafe { real(f) }, xFileSize, size)
+    method!(f, SQLITE_IOERR_FSTAT, "xFileSize", |_conn, real| unix!(
+        real, xFileSize, size
+    ))
 }
 
 unsafe extern "C" fn lock(f: *mut sqlite3_file, level: c_int) -> c_int {
-    // SAFETY: f is open.
-    let (conn, real) = unsafe { parts(f) };
-    let rc = unix!(real, xLock, level);
-    if rc == SQLITE_OK
-        && level == SQLITE_LOCK_SHARED
-        && conn.lock == SQLITE_LOCK_NONE
-        && conn.shm0.is_null()
-    {
-        // A read transaction begins (rollback mode): look at the change counter on disk.
-        let engine = crate::engine();
-        let mut header = [0u8; 16];
-        if let Ok(16) = engine.read_uncached(&conn.handle, 24, &mut header) {
-            let counter = header[..4].try_into().expect("4 bytes");
-            conn.inode.observe_counter(engine, &conn.handle, counter);
-            conn.header = Some(header);
+    method!(f, SQLITE_IOERR_LOCK, "xLock", |conn, real| {
+        let rc = unix!(real, xLock, level);
+        if rc == SQLITE_OK
+            && level == SQLITE_LOCK_SHARED
+            && conn.lock == SQLITE_LOCK_NONE
+            && conn.shm0.is_null()
+        {
+            // A read transaction begins (rollback mode, or WAL without a mapped wal-index).
+            let mut header = [0u8; 16];
+            let read = unix!(real, xRead, header.as_mut_ptr() as *mut c_void, 16, 24);
+            let header = (read == SQLITE_OK).then_some(header);
+            let stamp = conn.handle.stamp_now().ok();
+            conn.watch
+                .begin_read(&conn.engine, &conn.handle, header, stamp);
+            conn.header = header;
         }
-    }
-    if rc == SQLITE_OK {
-        conn.lock = conn.lock.max(level);
-    }
-    rc
+        if rc == SQLITE_OK {
+            conn.lock = conn.lock.max(level);
+        }
+        rc
+    })
 }
 
 unsafe extern "C" fn unlock(f: *mut sqlite3_file, level: c_int) -> c_int {
-    // SAFETY: f is open.
-    let (conn, real) = unsafe { parts(f) };
-    let rc = unix!(real, xUnlock, level);
-    if rc == SQLITE_OK {
-        conn.lock = level;
-        if level == SQLITE_LOCK_NONE {
-            conn.header = None;
+    method!(f, SQLITE_IOERR_UNLOCK, "xUnlock", |conn, real| {
+        if std::mem::take(&mut conn.wrote) {
+            // Our writes, accepted while still under the lock they were made under.
+            conn.watch.wrote(&conn.handle);
         }
-    }
-    rc
+        let rc = unix!(real, xUnlock, level);
+        if rc == SQLITE_OK {
+            conn.lock = level;
+            if level == SQLITE_LOCK_NONE {
+                conn.header = None;
+            }
+        }
+        rc
+    })
 }
 
 unsafe extern "C" fn check_reserved_lock(f: *mut sqlite3_file, out: *mut c_int) -> c_int {
-    unix!(unsafe { real(f) }, xCheckReservedLock, out)
+    method!(
+        f,
+        SQLITE_IOERR_CHECKRESERVEDLOCK,
+        "xCheckReservedLock",
+        |_conn, real| { unix!(real, xCheckReservedLock, out) }
+    )
 }
 
 unsafe extern "C" fn file_control(f: *mut sqlite3_file, op: c_int, arg: *mut c_void) -> c_int {
-    if op == SQLITE_FCNTL_PRAGMA {
-        // SAFETY: for this op, arg is char*[3]: out message, pragma name, value or NULL.
-        let args = arg as *mut *mut c_char;
-        let (name, value) = unsafe {
-            let name = CStr::from_ptr(*args.add(1)).to_string_lossy().into_owned();
-            let v = *args.add(2);
-            (
-                name,
-                (!v.is_null()).then(|| CStr::from_ptr(v).to_string_lossy().into_owned()),
-            )
-        };
-        if let Some(result) = crate::pragmas::run(&name, value.as_deref()) {
-            let (rc, text) = match result {
-                Ok(t) => (SQLITE_OK, t),
-                Err(t) => (SQLITE_ERROR, t),
+    method!(f, SQLITE_ERROR, "xFileControl", |_conn, real| {
+        if op == SQLITE_FCNTL_PRAGMA {
+            // SAFETY: for this op, arg is char*[3]: out message, pragma name, value or NULL.
+            let args = arg as *mut *mut c_char;
+            let (name, value) = unsafe {
+                let name = CStr::from_ptr(*args.add(1)).to_string_lossy().into_owned();
+                let v = *args.add(2);
+                (
+                    name,
+                    (!v.is_null()).then(|| CStr::from_ptr(v).to_string_lossy().into_owned()),
+                )
             };
-            // SAFETY: SQLite frees *args[0] with sqlite3_free; sqlite_string allocates with sqlite3_malloc.
-            unsafe { *args = api::sqlite_string(&text) };
-            return rc;
+            if let Some(result) = crate::pragmas::run(&name, value.as_deref()) {
+                let (rc, text) = match result {
+                    Ok(t) => (SQLITE_OK, t),
+                    Err(t) => (SQLITE_ERROR, t),
+                };
+                // SAFETY: SQLite frees *args[0] with sqlite3_free; sqlite_string allocates
+                // with sqlite3_malloc.
+                unsafe { *args = api::sqlite_string(&text) };
+                return rc;
+            }
         }
-    }
-    unix!(unsafe { real(f) }, xFileControl, op, arg)
+        unix!(real, xFileControl, op, arg)
+    })
 }
 
 unsafe extern "C" fn sector_size(f: *mut sqlite3_file) -> c_int {
-    unix!(unsafe { real(f) }, xSectorSize)
+    method!(f, 4096, "xSectorSize", |_conn, real| unix!(
+        real,
+        xSectorSize
+    ))
 }
 
 unsafe extern "C" fn device_characteristics(f: *mut sqlite3_file) -> c_int {
-    unix!(unsafe { real(f) }, xDeviceCharacteristics)
+    method!(f, 0, "xDeviceCharacteristics", |_conn, real| unix!(
+        real,
+        xDeviceCharacteristics
+    ))
 }
 
 unsafe extern "C" fn shm_map(
@@ -326,14 +431,36 @@ unsafe extern "C" fn shm_map(
     extend: c_int,
     out: *mut *mut c_void,
 ) -> c_int {
-    // SAFETY: f is open.
-    let (conn, real) = unsafe { parts(f) };
-    let rc = unix!(real, xShmMap, region, size, extend, out);
-    // SAFETY: on success *out is the mapping (or NULL if not extended).
-    if rc == SQLITE_OK && region == 0 && unsafe { !(*out).is_null() } {
-        conn.shm0 = unsafe { *out } as *const u8;
+    method!(f, SQLITE_IOERR_SHMMAP, "xShmMap", |conn, real| {
+        if region == 0 && conn.shm0.is_null() && shm_is_the_extension(conn) {
+            return SQLITE_IOERR_SHMOPEN;
+        }
+        let rc = unix!(real, xShmMap, region, size, extend, out);
+        // SAFETY: on success *out is the mapping (or NULL if not extended).
+        if rc == SQLITE_OK && region == 0 && unsafe { !(*out).is_null() } {
+            conn.shm0 = unsafe { *out } as *const u8;
+        }
+        rc
+    })
+}
+
+/// The unix VFS opens `<db>-shm` itself, past our xOpen: check it against the extension here.
+fn shm_is_the_extension(conn: &Conn) -> bool {
+    let mut shm = conn.path.clone().into_os_string();
+    shm.push("-shm");
+    match FileIdentity::of_path(Path::new(&shm)) {
+        Ok(id) if conn.engine.is_extension_file(id) => {
+            api::log(
+                SQLITE_IOERR_SHMOPEN,
+                &format!(
+                    "bpe: {} is the buffer pool extension's file; refusing to map it",
+                    Path::new(&shm).display()
+                ),
+            );
+            true
+        }
+        _ => false,
     }
-    rc
 }
 
 /// wal.c's lock slots: 0 write, 1 checkpoint, 2 recover, 3..8 read marks.
@@ -347,34 +474,42 @@ unsafe extern "C" fn shm_lock(
     n: c_int,
     flags: c_int,
 ) -> c_int {
-    // SAFETY: f is open.
-    let (conn, real) = unsafe { parts(f) };
-    let guarded = WalLocks {
-        write: offset <= WAL_WRITE_LOCK && offset + n > WAL_WRITE_LOCK,
-        checkpoint: offset <= WAL_CKPT_LOCK && offset + n > WAL_CKPT_LOCK,
-    };
-    let exclusive = flags & SQLITE_SHM_EXCLUSIVE != 0 && guarded != WalLocks::default();
-    if exclusive && flags & SQLITE_SHM_UNLOCK != 0 {
-        // Account for what we did under the lock before anyone else can take it.
-        conn.wal_lock(guarded, false);
-    }
-    let rc = unix!(real, xShmLock, offset, n, flags);
-    if rc != SQLITE_OK || flags & SQLITE_SHM_LOCK == 0 {
-        return rc;
-    }
-    if exclusive {
-        conn.wal_lock(guarded, true);
-    }
-    if flags & SQLITE_SHM_SHARED != 0 && offset >= WAL_READ_LOCK0 && !conn.shm0.is_null() {
-        // A read transaction begins (WAL mode): has anyone else checkpointed?
-        let shm0 = conn.shm0;
-        // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closure runs within this call,
-        // before anything can unmap it.
-        let read_token = || unsafe { change_detect::wal_token(shm0) };
-        conn.inode
-            .observe_wal(crate::engine(), &conn.handle, read_token);
-    }
-    rc
+    method!(f, SQLITE_IOERR_SHMLOCK, "xShmLock", |conn, real| {
+        let guarded = WalLocks {
+            write: offset <= WAL_WRITE_LOCK && offset + n > WAL_WRITE_LOCK,
+            checkpoint: offset <= WAL_CKPT_LOCK && offset + n > WAL_CKPT_LOCK,
+        };
+        let exclusive = flags & SQLITE_SHM_EXCLUSIVE != 0 && guarded != WalLocks::default();
+        if exclusive && flags & SQLITE_SHM_UNLOCK != 0 {
+            // Account for what we did under the lock before anyone else can take it.
+            conn.wal_lock(guarded, false);
+        }
+        let rc = unix!(real, xShmLock, offset, n, flags);
+        if rc != SQLITE_OK || flags & SQLITE_SHM_LOCK == 0 {
+            return rc;
+        }
+        if exclusive {
+            conn.wal_lock(guarded, true);
+        }
+        if flags & SQLITE_SHM_SHARED != 0 && offset >= WAL_READ_LOCK0 {
+            // A read transaction begins (WAL mode): has anyone else checkpointed?
+            let stamp = conn.handle.stamp_now().ok();
+            if conn.shm0.is_null() {
+                // No wal-index mapped (`readonly_shm`: SQLite reads the WAL file itself, and
+                // holds its database lock for the connection's life): the stamp is the signal.
+                conn.watch
+                    .begin_read(&conn.engine, &conn.handle, None, stamp);
+            } else {
+                let shm0 = conn.shm0;
+                // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closure runs within
+                // this call, before anything can unmap it.
+                let read_token = || unsafe { change_detect::wal_token(shm0) };
+                conn.watch
+                    .begin_read_wal(&conn.engine, &conn.handle, read_token, stamp);
+            }
+        }
+        rc
+    })
 }
 
 impl Conn {
@@ -385,19 +520,22 @@ impl Conn {
         let shm0 = self.shm0;
         // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closure runs within this call,
         // before anything can unmap it.
-        let read_token = || unsafe { change_detect::wal_token(shm0) };
-        self.inode
-            .wal_lock(crate::engine(), &self.handle, read_token, locks, held);
+        let read_token = || -> WalToken { unsafe { change_detect::wal_token(shm0) } };
+        self.watch
+            .wal_lock(&self.engine, &self.handle, read_token, locks, held);
     }
 }
 
 unsafe extern "C" fn shm_barrier(f: *mut sqlite3_file) {
-    unix!(unsafe { real(f) }, xShmBarrier)
+    guard((), "xShmBarrier", || {
+        // SAFETY: f is open; the barrier needs no connection state.
+        unix!(unsafe { real(f) }, xShmBarrier)
+    })
 }
 
 unsafe extern "C" fn shm_unmap(f: *mut sqlite3_file, delete: c_int) -> c_int {
-    // SAFETY: f is open.
-    let (conn, real) = unsafe { parts(f) };
-    conn.shm0 = std::ptr::null();
-    unix!(real, xShmUnmap, delete)
+    method!(f, SQLITE_IOERR_SHMMAP, "xShmUnmap", |conn, real| {
+        conn.shm0 = std::ptr::null();
+        unix!(real, xShmUnmap, delete)
+    })
 }

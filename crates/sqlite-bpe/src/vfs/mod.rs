@@ -1,13 +1,18 @@
 //! The `bpe` VFS: a shim over SQLite's default (unix) VFS. Journals, WAL, shared memory and temp
-//! files are opened by the unix VFS in place and never see us; only the main database file gets
-//! our methods (`file.rs`), which send its page reads and writes through the core.
+//! files are opened by the unix VFS in place and keep its methods; only the main database file
+//! gets our methods (`file.rs`), which send its page reads and writes through the core.
+//!
+//! Every file opened through this VFS, of any kind, is checked against the extension file: no
+//! file SQLite opens may ever be it (a WAL or a database at the extension's path would be
+//! overwritten by the extension's writer, and the other way round).
 
 mod change_detect;
 mod file;
+mod unix_file;
 
 use crate::api;
 use libsqlite3_sys::{
-    sqlite3_file, sqlite3_vfs, SQLITE_BUSY, SQLITE_CANTOPEN, SQLITE_OK, SQLITE_OPEN_MAIN_DB,
+    sqlite3_file, sqlite3_vfs, SQLITE_CANTOPEN, SQLITE_IOERR, SQLITE_OK, SQLITE_OPEN_MAIN_DB,
 };
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr};
@@ -30,8 +35,19 @@ pub fn last_open_error() -> Option<String> {
     LAST_OPEN_ERROR.with(|e| e.borrow().clone())
 }
 
-pub fn register() -> Result<(), String> {
-    if !api::vfs_find(Some(c"bpe")).is_null() {
+fn refuse_open(msg: String) {
+    api::log(SQLITE_CANTOPEN, &msg);
+    LAST_OPEN_ERROR.with(|l| *l.borrow_mut() = Some(msg));
+}
+
+/// Registers the VFS; with `make_default`, it also becomes the process's default VFS.
+pub fn register(make_default: bool) -> Result<(), String> {
+    let existing = api::vfs_find(Some(c"bpe"));
+    if !existing.is_null() {
+        if make_default {
+            // SAFETY: a registered VFS, which lives for the process.
+            unsafe { api::vfs_register(existing, true) };
+        }
         return Ok(());
     }
     let unix = api::vfs_find(None);
@@ -49,7 +65,7 @@ pub fn register() -> Result<(), String> {
     vfs.xOpen = Some(open);
     let vfs = Box::leak(Box::new(vfs));
     // SAFETY: the VFS object is leaked, so it outlives every connection.
-    match unsafe { api::vfs_register(vfs) } {
+    match unsafe { api::vfs_register(vfs, make_default) } {
         SQLITE_OK => Ok(()),
         rc => Err(format!("cannot register the bpe VFS (SQLite error {rc})")),
     }
@@ -62,41 +78,75 @@ unsafe extern "C" fn open(
     flags: c_int,
     out_flags: *mut c_int,
 ) -> c_int {
+    crate::ffi::guard(SQLITE_IOERR, "xOpen", || {
+        // SAFETY: forwarded from SQLite's call.
+        unsafe { open_inner(name, f, flags, out_flags) }
+    })
+}
+
+/// # Safety
+/// As xOpen: `f` has room for our szOsFile, `name` is NULL or a C string.
+unsafe fn open_inner(
+    name: *const c_char,
+    f: *mut sqlite3_file,
+    flags: c_int,
+    out_flags: *mut c_int,
+) -> c_int {
     let unix = unix();
     // SAFETY: unix is the registered VFS we wrap; it implements xOpen.
     let unix_open = unsafe { (*unix).xOpen.expect("unix VFS has xOpen") };
-    if flags & SQLITE_OPEN_MAIN_DB == 0 || name.is_null() {
-        // Not the main database: the unix VFS's file, in place, with its own methods.
-        // SAFETY: f has room for szOsFile >= the unix file's size.
-        return unsafe { unix_open(unix, name, f, flags, out_flags) };
-    }
-    // SAFETY: f has room for REAL_OFFSET + the unix file (szOsFile).
-    let real = unsafe { file::real(f) };
-    // SAFETY: SQLite zeroes nothing for us: mark the file closed until it is fully open.
-    unsafe { (*f).pMethods = std::ptr::null() };
-    // SAFETY: real is inside f's allocation and sized for the unix file.
+    let main_db = flags & SQLITE_OPEN_MAIN_DB != 0 && !name.is_null();
+    let real = if main_db {
+        // SAFETY: f has room for REAL_OFFSET + the unix file (szOsFile).
+        let real = unsafe { file::real(f) };
+        // SAFETY: SQLite zeroes nothing for us: mark the file closed until it is fully open.
+        unsafe { (*f).pMethods = std::ptr::null() };
+        real
+    } else {
+        f
+    };
+    // SAFETY: real has room for the unix file; the unix VFS fills it.
     let rc = unsafe { unix_open(unix, name, real, flags, out_flags) };
     if rc != SQLITE_OK {
         return rc;
     }
-    // SAFETY: name is the full path SQLite passes for the main database.
-    let path = unsafe { CStr::from_ptr(name) }
-        .to_string_lossy()
-        .into_owned();
-    match file::Conn::open(std::path::Path::new(&path)) {
+    // SAFETY: real was just opened by the unix VFS.
+    let fd = unsafe { unix_file::descriptor(real, unix) };
+    let identity = fd.and_then(unix_file::identity_of);
+    let path = if name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: name is the full path SQLite passes.
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    if let Some(id) = identity {
+        if crate::process::existing().is_some_and(|e| e.is_extension_file(id)) {
+            refuse_open(format!(
+                "bpe: cannot open {path}: it is the buffer pool extension's file"
+            ));
+            // SAFETY: real was opened above and is closed exactly once here.
+            unsafe { file::close_real(real) };
+            return SQLITE_CANTOPEN;
+        }
+    }
+    if !main_db {
+        // Not the main database: the unix VFS's file, in place, with its own methods.
+        return SQLITE_OK;
+    }
+    match file::Conn::open(std::path::Path::new(&path), fd, identity) {
         Ok(conn) => {
             // SAFETY: f is ours to fill; file.rs's close frees conn.
             unsafe { file::install(f, conn) };
             SQLITE_OK
         }
         Err(e) => {
-            let msg = format!("bpe: cannot open {path}: {e}");
-            api::log(SQLITE_CANTOPEN, &msg);
-            LAST_OPEN_ERROR.with(|l| *l.borrow_mut() = Some(msg));
+            refuse_open(format!("bpe: cannot open {path}: {e}"));
             // SAFETY: real was opened above and is closed exactly once here.
             unsafe { file::close_real(real) };
             match e {
-                bpe_core::Error::OwnedByAnotherProcess { .. } => SQLITE_BUSY,
+                bpe_core::Error::OwnedByAnotherProcess { .. } => libsqlite3_sys::SQLITE_BUSY,
                 _ => SQLITE_CANTOPEN,
             }
         }

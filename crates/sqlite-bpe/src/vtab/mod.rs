@@ -83,6 +83,22 @@ unsafe extern "C" fn connect(
     out: *mut *mut sqlite3_vtab,
     _err: *mut *mut c_char,
 ) -> c_int {
+    crate::ffi::guard(SQLITE_ERROR, "virtual table xconnect", || {
+        // SAFETY: forwarded from SQLite's call.
+        unsafe { connect_inner(db, aux, _argc, _argv, out, _err) }
+    })
+}
+
+/// # Safety
+/// As the virtual-table method it implements.
+unsafe fn connect_inner(
+    db: *mut sqlite3,
+    aux: *mut c_void,
+    _argc: c_int,
+    _argv: *const *const c_char,
+    out: *mut *mut sqlite3_vtab,
+    _err: *mut *mut c_char,
+) -> c_int {
     // SAFETY: aux is the &'static TableDef given to create_module.
     let def: &'static TableDef = unsafe { &*(aux as *const TableDef) };
     // SAFETY: we are inside xConnect on db.
@@ -101,12 +117,30 @@ unsafe extern "C" fn connect(
 }
 
 unsafe extern "C" fn disconnect(vtab: *mut sqlite3_vtab) -> c_int {
+    crate::ffi::guard(SQLITE_ERROR, "virtual table xdisconnect", || {
+        // SAFETY: forwarded from SQLite's call.
+        unsafe { disconnect_inner(vtab) }
+    })
+}
+
+/// # Safety
+/// As the virtual-table method it implements.
+unsafe fn disconnect_inner(vtab: *mut sqlite3_vtab) -> c_int {
     // SAFETY: vtab was made by connect from a Box<Table>.
     drop(unsafe { Box::from_raw(vtab as *mut Table) });
     SQLITE_OK
 }
 
 unsafe extern "C" fn best_index(_vtab: *mut sqlite3_vtab, info: *mut sqlite3_index_info) -> c_int {
+    crate::ffi::guard(SQLITE_ERROR, "virtual table xbest_index", || {
+        // SAFETY: forwarded from SQLite's call.
+        unsafe { best_index_inner(_vtab, info) }
+    })
+}
+
+/// # Safety
+/// As the virtual-table method it implements.
+unsafe fn best_index_inner(_vtab: *mut sqlite3_vtab, info: *mut sqlite3_index_info) -> c_int {
     // Full scans only: the tables are small snapshots.
     // SAFETY: info is SQLite's, valid for this call.
     unsafe { (*info).estimatedCost = 1000.0 };
@@ -114,6 +148,15 @@ unsafe extern "C" fn best_index(_vtab: *mut sqlite3_vtab, info: *mut sqlite3_ind
 }
 
 unsafe extern "C" fn open(_vtab: *mut sqlite3_vtab, out: *mut *mut sqlite3_vtab_cursor) -> c_int {
+    crate::ffi::guard(SQLITE_ERROR, "virtual table xopen", || {
+        // SAFETY: forwarded from SQLite's call.
+        unsafe { open_inner(_vtab, out) }
+    })
+}
+
+/// # Safety
+/// As the virtual-table method it implements.
+unsafe fn open_inner(_vtab: *mut sqlite3_vtab, out: *mut *mut sqlite3_vtab_cursor) -> c_int {
     let cursor = Box::new(Cursor {
         // SAFETY: plain data, filled in by SQLite.
         base: unsafe { std::mem::zeroed() },
@@ -126,6 +169,15 @@ unsafe extern "C" fn open(_vtab: *mut sqlite3_vtab, out: *mut *mut sqlite3_vtab_
 }
 
 unsafe extern "C" fn close(cur: *mut sqlite3_vtab_cursor) -> c_int {
+    crate::ffi::guard(SQLITE_ERROR, "virtual table xclose", || {
+        // SAFETY: forwarded from SQLite's call.
+        unsafe { close_inner(cur) }
+    })
+}
+
+/// # Safety
+/// As the virtual-table method it implements.
+unsafe fn close_inner(cur: *mut sqlite3_vtab_cursor) -> c_int {
     // SAFETY: made by open from a Box<Cursor>.
     drop(unsafe { Box::from_raw(cur as *mut Cursor) });
     SQLITE_OK
@@ -138,32 +190,73 @@ unsafe extern "C" fn filter(
     _argc: c_int,
     _argv: *mut *mut sqlite3_value,
 ) -> c_int {
+    crate::ffi::guard(SQLITE_ERROR, "virtual table xfilter", || {
+        // SAFETY: forwarded from SQLite's call.
+        unsafe { filter_inner(cur, _idx, _idx_str, _argc, _argv) }
+    })
+}
+
+/// # Safety
+/// As the virtual-table method it implements.
+unsafe fn filter_inner(
+    cur: *mut sqlite3_vtab_cursor,
+    _idx: c_int,
+    _idx_str: *const c_char,
+    _argc: c_int,
+    _argv: *mut *mut sqlite3_value,
+) -> c_int {
     // SAFETY: cur is our Cursor; its pVtab is our Table (set by SQLite from connect's result).
     let cursor = unsafe { &mut *(cur as *mut Cursor) };
     let table = unsafe { &*(cursor.base.pVtab as *const Table) };
-    match std::panic::catch_unwind(table.def.rows) {
-        Ok(rows) => {
-            cursor.rows = rows;
-            cursor.pos = 0;
-            SQLITE_OK
-        }
-        Err(_) => SQLITE_ERROR,
-    }
+    cursor.rows = (table.def.rows)();
+    cursor.pos = 0;
+    SQLITE_OK
 }
 
 unsafe extern "C" fn next(cur: *mut sqlite3_vtab_cursor) -> c_int {
+    crate::ffi::guard(SQLITE_ERROR, "virtual table xnext", || {
+        // SAFETY: forwarded from SQLite's call.
+        unsafe { next_inner(cur) }
+    })
+}
+
+/// # Safety
+/// As the virtual-table method it implements.
+unsafe fn next_inner(cur: *mut sqlite3_vtab_cursor) -> c_int {
     // SAFETY: cur is our Cursor.
     unsafe { (*(cur as *mut Cursor)).pos += 1 };
     SQLITE_OK
 }
 
 unsafe extern "C" fn eof(cur: *mut sqlite3_vtab_cursor) -> c_int {
+    crate::ffi::guard(SQLITE_ERROR, "virtual table xeof", || {
+        // SAFETY: forwarded from SQLite's call.
+        unsafe { eof_inner(cur) }
+    })
+}
+
+/// # Safety
+/// As the virtual-table method it implements.
+unsafe fn eof_inner(cur: *mut sqlite3_vtab_cursor) -> c_int {
     // SAFETY: cur is our Cursor.
     let cursor = unsafe { &*(cur as *const Cursor) };
     (cursor.pos >= cursor.rows.len()) as c_int
 }
 
 unsafe extern "C" fn column(
+    cur: *mut sqlite3_vtab_cursor,
+    ctx: *mut sqlite3_context,
+    i: c_int,
+) -> c_int {
+    crate::ffi::guard(SQLITE_ERROR, "virtual table xcolumn", || {
+        // SAFETY: forwarded from SQLite's call.
+        unsafe { column_inner(cur, ctx, i) }
+    })
+}
+
+/// # Safety
+/// As the virtual-table method it implements.
+unsafe fn column_inner(
     cur: *mut sqlite3_vtab_cursor,
     ctx: *mut sqlite3_context,
     i: c_int,
@@ -180,6 +273,15 @@ unsafe extern "C" fn column(
 }
 
 unsafe extern "C" fn rowid(cur: *mut sqlite3_vtab_cursor, out: *mut sqlite3_int64) -> c_int {
+    crate::ffi::guard(SQLITE_ERROR, "virtual table xrowid", || {
+        // SAFETY: forwarded from SQLite's call.
+        unsafe { rowid_inner(cur, out) }
+    })
+}
+
+/// # Safety
+/// As the virtual-table method it implements.
+unsafe fn rowid_inner(cur: *mut sqlite3_vtab_cursor, out: *mut sqlite3_int64) -> c_int {
     // SAFETY: cur is our Cursor, out SQLite's out-pointer.
     unsafe { *out = (*(cur as *const Cursor)).pos as sqlite3_int64 };
     SQLITE_OK

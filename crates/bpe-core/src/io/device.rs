@@ -1,0 +1,38 @@
+//! Devices: what the engine reads a missed page from and writes a page to. The data file's own
+//! descriptors are one; a caller may bring another (the SQLite adapter routes page I/O through
+//! SQLite's own file methods where O_DIRECT is not used, so that SQLite's I/O hooks see it).
+//! Emulation of a slow device and fault injection wrap whichever device is used.
+
+use super::{Emulator, FaultInjector};
+
+/// Positional I/O on one data file.
+pub trait DataDevice {
+    /// Reads `buf.len()` bytes at `offset`; returns how many existed before end of file (the rest
+    /// of `buf` is zero-filled).
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize>;
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()>;
+}
+
+/// A device with emulated latency and injected faults in front of it (benchmarks and tests;
+/// unused, it costs one relaxed atomic load per request).
+pub struct Instrumented<'a> {
+    pub inner: &'a dyn DataDevice,
+    pub emulator: Option<&'a Emulator>,
+    pub faults: &'a FaultInjector,
+}
+
+impl DataDevice for Instrumented<'_> {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(e) = self.faults.take_data_read_error() {
+            return Err(e);
+        }
+        if let Some(emu) = self.emulator {
+            emu.before_io();
+        }
+        self.inner.read_at(offset, buf)
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.inner.write_at(offset, data)
+    }
+}
