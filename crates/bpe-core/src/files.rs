@@ -67,6 +67,11 @@ pub struct CachedFile {
     pub id: u32,
     /// Shared with the frames cached under it, so that a frame can tell it is a dead copy.
     key: Arc<AtomicU32>,
+    /// Held shared by every page write for its whole length, exclusively to change the key: a
+    /// write that began under the old key must be done (its bytes in the file) before a load
+    /// under the new key can start, or that load could read the bytes from before the write
+    /// and cache them under the new key, where the write's pending entry does not reach.
+    key_change: RwLock<()>,
     identity: FileIdentity,
     path: PathBuf,
     page_size: AtomicUsize,
@@ -91,7 +96,12 @@ impl CachedFile {
         self.key.load(Relaxed)
     }
     pub(crate) fn set_key(&self, key: FileKey) {
+        let _writes_done = self.key_change.write();
         self.key.store(key, Relaxed);
+    }
+    /// Keeps the key from changing while the guard lives (for a page write).
+    pub(crate) fn key_stable(&self) -> crate::sync::ReadGuard<'_, ()> {
+        self.key_change.read()
     }
     /// The cell holding the current key, for frames to compare their own key against.
     pub(crate) fn key_cell(&self) -> &Arc<AtomicU32> {
@@ -255,6 +265,7 @@ impl FileRegistry {
         let file = Arc::new(CachedFile {
             id: self.next_id,
             key: Arc::new(AtomicU32::new(new_key())),
+            key_change: RwLock::new(Rank::FileKey, ()),
             identity,
             path: req.path.to_path_buf(),
             page_size: AtomicUsize::new(req.page_size),

@@ -6,8 +6,69 @@
 //!
 //! `try_lock` never waits, so it may be taken out of order. Waiting for another thread's page
 //! I/O ([`crate::pool::Pending::wait`]) with any ranked lock held is refused the same way.
+//!
+//! Every primitive the core blocks on is here (locks, [`Latch`], [`channel`], [`spawn`]), so that
+//! with the `shuttle` feature the whole engine runs under Shuttle's scheduler, which explores
+//! thread interleavings systematically (tests/shuttle.rs). Without it they are parking_lot's,
+//! crossbeam's and std's.
 
 use std::ops::{Deref, DerefMut};
+
+#[cfg(not(feature = "shuttle"))]
+mod backend {
+    pub use parking_lot::{
+        Mutex, MutexGuard, RwLock, RwLockReadGuard as ReadGuard, RwLockWriteGuard as WriteGuard,
+    };
+    pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        m.lock()
+    }
+    pub fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+        m.try_lock()
+    }
+    pub fn get_mut<T>(m: &mut Mutex<T>) -> &mut T {
+        m.get_mut()
+    }
+    pub fn read<T>(l: &RwLock<T>) -> ReadGuard<'_, T> {
+        l.read()
+    }
+    pub fn write<T>(l: &RwLock<T>) -> WriteGuard<'_, T> {
+        l.write()
+    }
+    pub fn try_read<T>(l: &RwLock<T>) -> Option<ReadGuard<'_, T>> {
+        l.try_read()
+    }
+    pub fn rw_get_mut<T>(l: &mut RwLock<T>) -> &mut T {
+        l.get_mut()
+    }
+}
+
+#[cfg(feature = "shuttle")]
+mod backend {
+    pub use shuttle::sync::{
+        Mutex, MutexGuard, RwLock, RwLockReadGuard as ReadGuard, RwLockWriteGuard as WriteGuard,
+    };
+    pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        m.lock().expect("poisoned")
+    }
+    pub fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+        m.try_lock().ok()
+    }
+    pub fn get_mut<T>(m: &mut Mutex<T>) -> &mut T {
+        m.get_mut().expect("poisoned")
+    }
+    pub fn read<T>(l: &RwLock<T>) -> ReadGuard<'_, T> {
+        l.read().expect("poisoned")
+    }
+    pub fn write<T>(l: &RwLock<T>) -> WriteGuard<'_, T> {
+        l.write().expect("poisoned")
+    }
+    pub fn try_read<T>(l: &RwLock<T>) -> Option<ReadGuard<'_, T>> {
+        l.try_read().ok()
+    }
+    pub fn rw_get_mut<T>(l: &mut RwLock<T>) -> &mut T {
+        l.get_mut().expect("poisoned")
+    }
+}
 
 /// Ranks, lowest first: a lock may be taken only while every lock held ranks below it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -19,6 +80,8 @@ pub enum Rank {
     FileState = 15,
     /// `Engine::files`: the file registry (open, close, new keys).
     Files = 20,
+    /// A file's key: writes hold it shared, a new key takes it exclusively.
+    FileKey = 25,
     /// `Engine::status`: the extension's state as operators see it.
     Status = 40,
     /// `Engine::memory`: changes of L1's target (max server memory less the extension index).
@@ -40,8 +103,14 @@ mod held {
     use super::Rank;
     use std::cell::RefCell;
 
+    #[cfg(not(feature = "shuttle"))]
     thread_local! {
         static HELD: RefCell<Vec<Rank>> = const { RefCell::new(Vec::new()) };
+    }
+    // Shuttle runs its threads on one OS thread: the stacks must be per Shuttle thread.
+    #[cfg(feature = "shuttle")]
+    shuttle::thread_local! {
+        static HELD: RefCell<Vec<Rank>> = RefCell::new(Vec::new());
     }
 
     // `try_with`: locks taken while the thread's locals are being destroyed (an exit handler)
@@ -102,19 +171,19 @@ pub fn assert_no_locks_held(what: &str) {
 /// A mutex with a rank.
 pub struct Mutex<T> {
     rank: Rank,
-    inner: parking_lot::Mutex<T>,
+    inner: backend::Mutex<T>,
 }
 
 pub struct MutexGuard<'a, T> {
     rank: Rank,
-    inner: parking_lot::MutexGuard<'a, T>,
+    inner: backend::MutexGuard<'a, T>,
 }
 
 impl<T> Mutex<T> {
     pub const fn new(rank: Rank, value: T) -> Self {
         Mutex {
             rank,
-            inner: parking_lot::Mutex::new(value),
+            inner: backend::Mutex::new(value),
         }
     }
 
@@ -122,13 +191,13 @@ impl<T> Mutex<T> {
         held::check_and_push(self.rank, std::any::type_name::<T>());
         MutexGuard {
             rank: self.rank,
-            inner: self.inner.lock(),
+            inner: backend::lock(&self.inner),
         }
     }
 
     /// Never waits, so it may be taken out of rank order.
     pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
-        let inner = self.inner.try_lock()?;
+        let inner = backend::try_lock(&self.inner)?;
         held::push(self.rank);
         Some(MutexGuard {
             rank: self.rank,
@@ -137,7 +206,7 @@ impl<T> Mutex<T> {
     }
 
     pub fn get_mut(&mut self) -> &mut T {
-        self.inner.get_mut()
+        backend::get_mut(&mut self.inner)
     }
 }
 
@@ -163,24 +232,24 @@ impl<T> DerefMut for MutexGuard<'_, T> {
 /// A reader-writer lock with a rank (readers and writers alike follow the order).
 pub struct RwLock<T> {
     rank: Rank,
-    inner: parking_lot::RwLock<T>,
+    inner: backend::RwLock<T>,
 }
 
 pub struct ReadGuard<'a, T> {
     rank: Rank,
-    inner: parking_lot::RwLockReadGuard<'a, T>,
+    inner: backend::ReadGuard<'a, T>,
 }
 
 pub struct WriteGuard<'a, T> {
     rank: Rank,
-    inner: parking_lot::RwLockWriteGuard<'a, T>,
+    inner: backend::WriteGuard<'a, T>,
 }
 
 impl<T> RwLock<T> {
     pub const fn new(rank: Rank, value: T) -> Self {
         RwLock {
             rank,
-            inner: parking_lot::RwLock::new(value),
+            inner: backend::RwLock::new(value),
         }
     }
 
@@ -188,7 +257,7 @@ impl<T> RwLock<T> {
         held::check_and_push(self.rank, std::any::type_name::<T>());
         ReadGuard {
             rank: self.rank,
-            inner: self.inner.read(),
+            inner: backend::read(&self.inner),
         }
     }
 
@@ -196,13 +265,13 @@ impl<T> RwLock<T> {
         held::check_and_push(self.rank, std::any::type_name::<T>());
         WriteGuard {
             rank: self.rank,
-            inner: self.inner.write(),
+            inner: backend::write(&self.inner),
         }
     }
 
     /// Never waits, so it may be taken out of rank order.
     pub fn try_read(&self) -> Option<ReadGuard<'_, T>> {
-        let inner = self.inner.try_read()?;
+        let inner = backend::try_read(&self.inner)?;
         held::push(self.rank);
         Some(ReadGuard {
             rank: self.rank,
@@ -211,7 +280,7 @@ impl<T> RwLock<T> {
     }
 
     pub fn get_mut(&mut self) -> &mut T {
-        self.inner.get_mut()
+        backend::rw_get_mut(&mut self.inner)
     }
 }
 
@@ -245,6 +314,156 @@ impl<T> DerefMut for WriteGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
         &mut self.inner
     }
+}
+
+/// A one-shot event: threads wait until it is set, once.
+pub struct Latch {
+    done: backend::Mutex<bool>,
+    #[cfg(not(feature = "shuttle"))]
+    cv: parking_lot::Condvar,
+    #[cfg(feature = "shuttle")]
+    cv: shuttle::sync::Condvar,
+}
+
+impl Default for Latch {
+    fn default() -> Self {
+        Latch {
+            done: backend::Mutex::new(false),
+            cv: Default::default(),
+        }
+    }
+}
+
+impl Latch {
+    pub fn set(&self) {
+        *backend::lock(&self.done) = true;
+        self.cv.notify_all();
+    }
+
+    pub fn is_set(&self) -> bool {
+        *backend::lock(&self.done)
+    }
+
+    /// Waits until set; false if `timeout` passed first (Shuttle's scheduler never times out).
+    pub fn wait_timeout(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut done = backend::lock(&self.done);
+        while !*done {
+            #[cfg(not(feature = "shuttle"))]
+            if self.cv.wait_until(&mut done, deadline).timed_out() {
+                return *done;
+            }
+            #[cfg(feature = "shuttle")]
+            {
+                let _ = deadline;
+                done = self.cv.wait(done).expect("poisoned");
+            }
+        }
+        true
+    }
+
+    pub fn wait(&self) {
+        let mut done = backend::lock(&self.done);
+        while !*done {
+            #[cfg(not(feature = "shuttle"))]
+            self.cv.wait(&mut done);
+            #[cfg(feature = "shuttle")]
+            {
+                done = self.cv.wait(done).expect("poisoned");
+            }
+        }
+    }
+}
+
+/// A bounded queue between threads (the extension's staging queue).
+pub mod channel {
+    use std::time::Duration;
+
+    #[derive(Debug, PartialEq, Eq)]
+    pub enum TrySendError {
+        Full,
+        Disconnected,
+    }
+
+    #[derive(Debug, PartialEq, Eq)]
+    pub enum RecvTimeoutError {
+        Timeout,
+        Disconnected,
+    }
+
+    #[cfg(not(feature = "shuttle"))]
+    pub struct Sender<T>(crossbeam_channel::Sender<T>);
+    #[cfg(not(feature = "shuttle"))]
+    pub struct Receiver<T>(crossbeam_channel::Receiver<T>);
+
+    #[cfg(not(feature = "shuttle"))]
+    pub fn bounded<T>(n: usize) -> (Sender<T>, Receiver<T>) {
+        let (tx, rx) = crossbeam_channel::bounded(n);
+        (Sender(tx), Receiver(rx))
+    }
+
+    #[cfg(not(feature = "shuttle"))]
+    impl<T> Sender<T> {
+        pub fn try_send(&self, value: T) -> Result<(), (TrySendError, T)> {
+            self.0.try_send(value).map_err(|e| match e {
+                crossbeam_channel::TrySendError::Full(v) => (TrySendError::Full, v),
+                crossbeam_channel::TrySendError::Disconnected(v) => (TrySendError::Disconnected, v),
+            })
+        }
+    }
+
+    #[cfg(not(feature = "shuttle"))]
+    impl<T> Receiver<T> {
+        pub fn recv_timeout(&self, timeout: Duration) -> Result<T, RecvTimeoutError> {
+            self.0.recv_timeout(timeout).map_err(|e| match e {
+                crossbeam_channel::RecvTimeoutError::Timeout => RecvTimeoutError::Timeout,
+                crossbeam_channel::RecvTimeoutError::Disconnected => RecvTimeoutError::Disconnected,
+            })
+        }
+    }
+
+    #[cfg(feature = "shuttle")]
+    pub struct Sender<T>(shuttle::sync::mpsc::SyncSender<T>);
+    #[cfg(feature = "shuttle")]
+    pub struct Receiver<T>(shuttle::sync::mpsc::Receiver<T>);
+
+    #[cfg(feature = "shuttle")]
+    pub fn bounded<T>(n: usize) -> (Sender<T>, Receiver<T>) {
+        let (tx, rx) = shuttle::sync::mpsc::sync_channel(n);
+        (Sender(tx), Receiver(rx))
+    }
+
+    #[cfg(feature = "shuttle")]
+    impl<T> Sender<T> {
+        pub fn try_send(&self, value: T) -> Result<(), (TrySendError, T)> {
+            self.0.try_send(value).map_err(|e| match e {
+                std::sync::mpsc::TrySendError::Full(v) => (TrySendError::Full, v),
+                std::sync::mpsc::TrySendError::Disconnected(v) => (TrySendError::Disconnected, v),
+            })
+        }
+    }
+
+    #[cfg(feature = "shuttle")]
+    impl<T> Receiver<T> {
+        /// Under Shuttle this never times out: it waits for a value or the other end.
+        pub fn recv_timeout(&self, _timeout: Duration) -> Result<T, RecvTimeoutError> {
+            self.0.recv().map_err(|_| RecvTimeoutError::Disconnected)
+        }
+    }
+}
+
+/// Starts a named background thread.
+pub fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    #[cfg(not(feature = "shuttle"))]
+    return std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map(drop);
+    #[cfg(feature = "shuttle")]
+    return shuttle::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map(drop);
 }
 
 #[cfg(all(test, debug_assertions))]

@@ -586,11 +586,14 @@ fn check_stale_extension_is_replaced(admin: &Connection, ext: &Path) {
         "the extension holds pages in the clear: it must be private"
     );
     let bytes = std::fs::read(ext).unwrap();
+    // Pages of closed databases stay cached for a reopen: empty the pool, so that nothing is
+    // written to the new file while it is checked.
+    exec(admin, "DBCC DROPCLEANBUFFERS");
     match try_exec(admin, &extension_on(ext.display(), EXT_SIZE)) {
         Ok(out) => {
             assert!(out.contains("enabled"), "{out}");
-            // A fresh, preallocated file: nothing of the old contents (this connection has no
-            // bpe database open, so nothing was written to it yet).
+            // A fresh, preallocated file: nothing of the old contents (nothing is cached, so
+            // nothing was written to it yet).
             let now = std::fs::read(ext).unwrap();
             assert!(
                 now.iter().all(|&b| b == 0),

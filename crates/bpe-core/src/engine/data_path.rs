@@ -315,6 +315,8 @@ impl Engine {
                 page_size,
             });
         }
+        // The key stays until the write is done: see CachedFile::key_change.
+        let _stable = file.key_stable();
         let key = PageKey::new(file.key(), page);
         let ticket = self.pool.begin_write(key);
         // After begin_write no eviction can re-admit the old bytes, so this drop is final.

@@ -236,11 +236,10 @@ impl ExtensionHost for Host {
         };
         // Retired on a thread of its own: this may run on a reader's path (holding nothing) or
         // on the writer's thread, which the retirement waits for.
-        std::thread::Builder::new()
-            .name("bpe-extension-retire".into())
-            .spawn(move || engine.retire_failed_extension(&ext))
-            .map(drop)
-            .unwrap_or_else(|e| log::error!("cannot retire the failed extension: {e}"));
+        crate::sync::spawn("bpe-extension-retire", move || {
+            engine.retire_failed_extension(&ext)
+        })
+        .unwrap_or_else(|e| log::error!("cannot retire the failed extension: {e}"));
     }
 }
 

@@ -17,9 +17,9 @@ use crate::io::extension_file::ExtensionFile;
 use crate::io::{AlignedBuf, FaultInjector};
 use crate::page::{FileKey, PageKey};
 use crate::pool::Frame;
-use crate::sync::{Mutex, Rank, RwLock};
+use crate::sync::channel::{Sender, TrySendError};
+use crate::sync::{Latch, Mutex, Rank, RwLock};
 use crate::Result;
-use crossbeam_channel::{Sender, TrySendError};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -56,6 +56,13 @@ impl Run {
     }
 }
 
+/// What the background writer receives.
+enum ToWriter {
+    Page(Staged),
+    /// Stop now (the extension is being disabled).
+    Stop,
+}
+
 /// A page waiting for the background writer.
 struct Staged {
     key: PageKey,
@@ -74,9 +81,9 @@ pub struct Extension {
     file: ExtensionFile,
     regions: usize,
     tables: RwLock<Tables>,
-    staging: Sender<Staged>,
-    /// Signals once when the background writer has stopped.
-    writer_done: Mutex<Option<crossbeam_channel::Receiver<()>>>,
+    staging: Sender<ToWriter>,
+    /// Set once when the background writer has stopped.
+    writer_done: Arc<Latch>,
     stopping: AtomicBool,
     next_seq: AtomicU64,
     consecutive_faults: AtomicU32,
@@ -115,7 +122,7 @@ impl Extension {
     ) -> Result<Arc<Extension>> {
         let regions = regions_for(size);
         let file = ExtensionFile::create(path, regions as u64 * REGION_BYTES, faults)?;
-        let (tx, rx) = crossbeam_channel::bounded(EXTENSION_STAGING_PAGES);
+        let (tx, rx) = crate::sync::channel::bounded(EXTENSION_STAGING_PAGES);
         let ext = Arc::new(Extension {
             file,
             regions,
@@ -127,7 +134,7 @@ impl Extension {
                 },
             ),
             staging: tx,
-            writer_done: Mutex::new(Rank::Leaf, None),
+            writer_done: Arc::new(Latch::default()),
             stopping: AtomicBool::new(false),
             next_seq: AtomicU64::new(1),
             consecutive_faults: AtomicU32::new(0),
@@ -140,8 +147,7 @@ impl Extension {
             host,
             epoch,
         });
-        let done = writer::spawn(ext.clone(), rx);
-        *ext.writer_done.lock() = Some(done);
+        writer::spawn(ext.clone(), rx, ext.writer_done.clone());
         Ok(ext)
     }
 
@@ -216,11 +222,11 @@ impl Extension {
             seq,
             frame: frame.clone(),
         };
-        match self.staging.try_send(staged) {
+        match self.staging.try_send(ToWriter::Page(staged)) {
             Ok(()) => {
                 t.staged.insert(frame.key, seq);
             }
-            Err(TrySendError::Full(_)) => {
+            Err((TrySendError::Full, _)) => {
                 drop(t);
                 self.drop_admission(1, || {
                     format!(
@@ -229,7 +235,7 @@ impl Extension {
                     )
                 });
             }
-            Err(TrySendError::Disconnected(_)) => {}
+            Err((TrySendError::Disconnected, _)) => {}
         }
     }
 
@@ -400,17 +406,14 @@ impl Extension {
     /// Stops admitting, waits for the writer's batch in flight, and deletes the file.
     pub fn shutdown(&self) {
         self.stopping.store(true, Relaxed);
-        if let Some(done) = self.writer_done.lock().take() {
-            // The writer checks `stopping` between batches: well under a second.
-            match done.recv_timeout(std::time::Duration::from_secs(10)) {
-                Ok(()) => {}
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    log::error!("buffer pool extension writer did not stop within 10 s")
-                }
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                    log::error!("buffer pool extension writer ended abnormally")
-                }
-            }
+        // Wakes the writer if it waits for pages; if the queue is full it is busy, and checks
+        // `stopping` between batches (well under a second).
+        let _ = self.staging.try_send(ToWriter::Stop);
+        if !self
+            .writer_done
+            .wait_timeout(std::time::Duration::from_secs(10))
+        {
+            log::error!("buffer pool extension writer did not stop within 10 s");
         }
         self.file.remove();
     }

@@ -7,12 +7,13 @@
 //! whose staging entry is still current (a write to a page in between has removed it). Queries
 //! never wait for it.
 
-use super::{page_crc, Extension, Staged, REGION_BYTES};
+use super::{page_crc, Extension, Staged, ToWriter, REGION_BYTES};
 use crate::config::DIRECT_IO_ALIGN;
 use crate::counters::Counters;
 use crate::io::aligned::round_up;
 use crate::io::AlignedBuf;
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crate::sync::channel::{Receiver, RecvTimeoutError};
+use crate::sync::Latch;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,19 +22,15 @@ use std::time::Duration;
 const GATHER: Duration = Duration::from_millis(2);
 const POLL: Duration = Duration::from_millis(50);
 
-/// Starts the writer. The receiver it returns yields once, when the writer has stopped.
-pub(super) fn spawn(ext: Arc<Extension>, rx: Receiver<Staged>) -> Receiver<()> {
-    let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+/// Starts the writer; it sets `done` when it has stopped.
+pub(super) fn spawn(ext: Arc<Extension>, rx: Receiver<ToWriter>, done: Arc<Latch>) {
     // Detached: shutdown waits for `done` (with a deadline) rather than joining, so that an
     // operator's OFF or resize can never hang on the thread's exit.
-    std::thread::Builder::new()
-        .name("bpe-extension-writer".into())
-        .spawn(move || {
-            Writer::new(ext).run(rx);
-            let _ = done_tx.send(());
-        })
-        .expect("spawn extension writer");
-    done_rx
+    crate::sync::spawn("bpe-extension-writer", move || {
+        Writer::new(ext).run(rx);
+        done.set();
+    })
+    .expect("spawn extension writer");
 }
 
 struct Writer {
@@ -61,7 +58,7 @@ impl Writer {
         REGION_BYTES as usize - self.fill
     }
 
-    fn run(mut self, rx: Receiver<Staged>) {
+    fn run(mut self, rx: Receiver<ToWriter>) {
         let mut batch: Vec<Staged> = Vec::new();
         loop {
             if self.ext.stopping.load(Relaxed) {
@@ -69,18 +66,19 @@ impl Writer {
             }
             if batch.is_empty() {
                 match rx.recv_timeout(POLL) {
-                    Ok(s) => batch.push(s),
+                    Ok(ToWriter::Page(s)) => batch.push(s),
+                    Ok(ToWriter::Stop) | Err(RecvTimeoutError::Disconnected) => return,
                     Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => return,
                 }
             }
             let mut bytes: usize = batch.iter().map(|s| s.frame.data.len()).sum();
             while bytes < self.room() {
                 match rx.recv_timeout(GATHER) {
-                    Ok(s) => {
+                    Ok(ToWriter::Page(s)) => {
                         bytes += s.frame.data.len();
                         batch.push(s);
                     }
+                    Ok(ToWriter::Stop) => return,
                     Err(_) => break,
                 }
             }

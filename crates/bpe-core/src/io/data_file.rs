@@ -80,7 +80,7 @@ pub struct DataFile {
     buffered: File,
     identity: FileIdentity,
     /// Serializes writes: a sub-block write and a block write to the same block must not interleave.
-    write_lock: parking_lot::Mutex<()>,
+    write_lock: crate::sync::Mutex<()>,
 }
 
 impl DataFile {
@@ -138,7 +138,7 @@ impl DataFile {
             direct,
             buffered,
             identity,
-            write_lock: parking_lot::Mutex::new(()),
+            write_lock: crate::sync::Mutex::new(crate::sync::Rank::Leaf, ()),
         })
     }
 

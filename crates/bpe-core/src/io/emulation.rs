@@ -2,7 +2,7 @@
 //! and tests on a machine whose only disk is fast. Every result produced with it must say so.
 
 use crate::config::DeviceEmulation;
-use parking_lot::Mutex;
+use crate::sync::{Mutex, Rank};
 use std::time::{Duration, Instant};
 
 pub struct Emulator {
@@ -15,12 +15,8 @@ impl Emulator {
     pub fn new(model: DeviceEmulation) -> Self {
         Emulator {
             model,
-            next_slot: Mutex::new(Instant::now()),
+            next_slot: Mutex::new(Rank::Leaf, Instant::now()),
         }
-    }
-
-    pub fn model(&self) -> DeviceEmulation {
-        self.model
     }
 
     /// Blocks the calling thread as the device would before the request completes.

@@ -115,8 +115,9 @@ impl BufferPool {
         Some(Ticket { key, pending })
     }
 
-    /// Installs a loaded page unless a write to it started meanwhile. Returns whether it was
-    /// installed; when not, the caller's bytes may predate that write and must be read again.
+    /// Installs a loaded page unless a write to it started meanwhile (or memory is full of
+    /// installs in flight: then it is served, not cached). Returns false when a write started:
+    /// the caller's bytes may predate it and must be read again.
     pub fn finish_load(
         &self,
         ticket: Ticket,
@@ -164,8 +165,8 @@ impl BufferPool {
         self.release(&ticket, frame, None, sink);
     }
 
-    /// Ends a ticket, installing `frame` unless the ticket was invalidated. Returns whether the
-    /// frame was installed.
+    /// Ends a ticket, installing `frame` unless the ticket was invalidated (or it cannot fit).
+    /// Returns false when the ticket was invalidated: the caller's bytes may predate a write.
     fn release(
         &self,
         ticket: &Ticket,
@@ -173,6 +174,7 @@ impl BufferPool {
         loaded_from: Option<LoadSource>,
         sink: &dyn EvictionSink,
     ) -> bool {
+        // The frame's bytes are reserved before it is installed (or it is not cached at all).
         let frame = frame.and_then(|f| {
             let f = Arc::new(f);
             self.make_room(f.charge(), sink).then_some(f)
@@ -183,9 +185,14 @@ impl BufferPool {
         // started after this point will find the frame and replace it; one that started before
         // has invalidated the ticket. Checking earlier would let a stale load overwrite a write.
         let invalidated = ticket.pending.is_invalidated();
-        let frame = frame.filter(|_| !invalidated);
+        let frame = match frame {
+            Some(f) if invalidated => {
+                self.used.fetch_sub(f.charge(), Relaxed);
+                None
+            }
+            other => other,
+        };
         if let Some(f) = &frame {
-            self.used.fetch_add(f.charge(), Relaxed);
             self.live_frames.fetch_add(1, Relaxed);
             if let Some(old) = shard.frames.insert(ticket.key, f.clone()) {
                 self.forget(&old);
@@ -196,29 +203,35 @@ impl BufferPool {
         }
         drop(shard);
         ticket.pending.complete();
-        let installed = frame.is_some();
         if let Some(f) = frame {
             let mut r = self.replacer.lock();
             r.push(&f);
             r.compact_if_sparse(self.live_frames.load(Relaxed));
+            drop(r);
+            // The target may have shrunk while this frame's bytes were reserved.
+            if self.used.load(Relaxed) > self.target.load(Relaxed) {
+                self.make_room(0, sink);
+            }
         }
-        installed
+        !invalidated
     }
 
-    /// Evicts until `incoming` more bytes fit under the target. False if they never can.
+    /// Evicts until `incoming` more bytes fit under the target, and reserves them (the memory
+    /// bound's one place: bytes are charged here, under the replacer lock, before any frame is
+    /// installed, so concurrent installs cannot overshoot). False if they cannot fit: every
+    /// evictable frame is gone and the rest is reserved by installs in flight; the caller then
+    /// does not cache the page.
     fn make_room(&self, incoming: u64, sink: &dyn EvictionSink) -> bool {
-        let target = self.target.load(Relaxed);
-        if incoming > target {
-            return false;
-        }
         let mut replacer = self.replacer.lock();
-        while self.used.load(Relaxed) + incoming > target {
+        loop {
+            let target = self.target.load(Relaxed);
+            if self.used.load(Relaxed) + incoming <= target {
+                self.used.fetch_add(incoming, Relaxed);
+                return true;
+            }
             let live = self.live_frames.load(Relaxed);
             let Some(victim) = replacer.pick_victim(target, live) else {
-                // Everything resident is queued; an empty queue with bytes in use means the
-                // rest is still being installed by other threads. Admit: the overshoot is
-                // bounded by one page per concurrent loader and corrected by the next insert.
-                break;
+                return false;
             };
             let mut shard = self.shard(&victim.key).write();
             if shard
@@ -231,7 +244,6 @@ impl BufferPool {
                 sink.evicted(&victim);
             }
         }
-        true
     }
 
     /// Accounting for a frame leaving the page table (the caller holds its shard lock).

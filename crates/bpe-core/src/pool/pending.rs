@@ -2,14 +2,13 @@
 //! wait for it instead of issuing their own I/O; a write that starts during a load invalidates the
 //! load so that its (possibly older) bytes are never cached.
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::Latch;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub struct Pending {
     pub is_write: bool,
     invalidated: AtomicBool,
-    done: Mutex<bool>,
-    cv: Condvar,
+    done: Latch,
 }
 
 impl Pending {
@@ -17,8 +16,7 @@ impl Pending {
         Pending {
             is_write,
             invalidated: AtomicBool::new(false),
-            done: Mutex::new(false),
-            cv: Condvar::new(),
+            done: Latch::default(),
         }
     }
 
@@ -33,14 +31,10 @@ impl Pending {
     pub fn wait(&self) {
         // Waiting under a lock could wait for a thread that waits for that lock.
         crate::sync::assert_no_locks_held("waiting for another thread's page I/O");
-        let mut done = self.done.lock();
-        while !*done {
-            self.cv.wait(&mut done);
-        }
+        self.done.wait();
     }
 
     pub fn complete(&self) {
-        *self.done.lock() = true;
-        self.cv.notify_all();
+        self.done.set();
     }
 }
