@@ -62,8 +62,6 @@ pub struct Config {
     pub readahead: bool,
     /// Emulated data-device latency (benchmarks); `None` for the real device.
     pub data_device: Option<DeviceEmulation>,
-    /// Refuse data files another process's engine has open (see `DataFile::claim_ownership`).
-    pub exclusive_owner: bool,
 }
 
 impl Default for Config {
@@ -73,7 +71,6 @@ impl Default for Config {
             direct_io: true,
             readahead: true,
             data_device: None,
-            exclusive_owner: true,
         }
     }
 }

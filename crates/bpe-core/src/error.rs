@@ -72,7 +72,4 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-
-    #[error("{path:?} is cached by the buffer pool of another process; only one process may use the extension on a database at a time")]
-    OwnedByAnotherProcess { path: PathBuf },
 }

@@ -360,16 +360,5 @@ fn open_data(req: &OpenRequest<'_>, identity: FileIdentity, config: &Config) -> 
             ),
         });
     }
-    if config.exclusive_owner {
-        data.claim_ownership().map_err(|e| match e.kind() {
-            std::io::ErrorKind::WouldBlock => Error::OwnedByAnotherProcess {
-                path: req.path.to_path_buf(),
-            },
-            _ => Error::OpenData {
-                path: req.path.to_path_buf(),
-                source: e,
-            },
-        })?;
-    }
     Ok(data)
 }

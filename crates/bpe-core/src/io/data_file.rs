@@ -16,9 +16,6 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
-/// The byte locked by [`DataFile::claim_ownership`]: 1 TiB, beyond SQLite's lock bytes (1 GiB).
-pub const OWNER_LOCK_BYTE: i64 = 1 << 40;
-
 /// Identity of a file on this machine: writes through any path reach the same inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FileIdentity {
@@ -150,39 +147,6 @@ impl DataFile {
         self.identity
     }
 
-    /// Claims the file for this process's cache with an open-file-description lock on one byte
-    /// far past any lock byte SQLite uses (OFD locks coexist with the POSIX locks SQLite takes and
-    /// go away with the descriptor, never on close of some other descriptor). Fails with
-    /// WouldBlock if another process's cache holds it.
-    pub fn claim_ownership(&self) -> std::io::Result<()> {
-        let try_lock = |kind| {
-            // SAFETY: flock is plain data; zeroed is a valid value to fill in.
-            let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-            fl.l_type = kind as _;
-            fl.l_whence = libc::SEEK_SET as _;
-            fl.l_start = OWNER_LOCK_BYTE;
-            fl.l_len = 1;
-            // SAFETY: the descriptor is open for the life of self; fl is a valid flock.
-            let rc = unsafe { libc::fcntl(self.buffered.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
-            if rc == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        };
-        match try_lock(libc::F_WRLCK) {
-            // A read-only descriptor cannot take a write lock; a read lock still excludes writers.
-            Err(e) if e.raw_os_error() == Some(libc::EBADF) => try_lock(libc::F_RDLCK),
-            other => other,
-        }
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::EAGAIN) | Some(libc::EACCES) => {
-                std::io::Error::new(std::io::ErrorKind::WouldBlock, e)
-            }
-            _ => e,
-        })
-    }
-
     /// True when reads bypass the OS page cache.
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
@@ -232,12 +196,21 @@ impl DataFile {
     }
 
     /// Drops the file's clean pages from the OS page cache (after a sync they are all clean), so
-    /// that written pages do not linger there as an unaccounted third cache tier.
+    /// that written pages do not linger there as an unaccounted third cache tier. The first
+    /// block stays: it holds the header that every read transaction checks (SQLite's change
+    /// counter), and the page cache is where that check costs no device round trip.
     pub fn release_os_cache(&self) {
         if self.direct.is_some() {
-            // SAFETY: the descriptor is open; fadvise only drops clean cached pages of this file.
+            let header = crate::config::DIRECT_IO_ALIGN as libc::off_t;
+            // SAFETY: the descriptor is open; fadvise only drops clean cached pages of this
+            // file (length 0: to its end).
             unsafe {
-                libc::posix_fadvise(self.buffered.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+                libc::posix_fadvise(
+                    self.buffered.as_raw_fd(),
+                    header,
+                    0,
+                    libc::POSIX_FADV_DONTNEED,
+                )
             };
         }
     }

@@ -145,10 +145,7 @@ unsafe fn open_inner(
             refuse_open(format!("bpe: cannot open {path}: {e}"));
             // SAFETY: real was opened above and is closed exactly once here.
             unsafe { file::close_real(real) };
-            match e {
-                bpe_core::Error::OwnedByAnotherProcess { .. } => libsqlite3_sys::SQLITE_BUSY,
-                _ => SQLITE_CANTOPEN,
-            }
+            SQLITE_CANTOPEN
         }
     }
 }

@@ -53,18 +53,19 @@ pub fn counter(conn: &Connection, name: &str) -> i64 {
     .unwrap()
 }
 
-/// The release build of the loadable extension (built here if CI has not built it yet).
+/// The release build of the loadable extension, brought up to date once per test binary (a
+/// stale library from before a change would test the old code in the other process).
 pub fn extension_library() -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
     let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release");
-    let lib = target.join("libsqlite_bpe.so");
-    if !lib.exists() {
+    BUILT.call_once(|| {
         let status = std::process::Command::new(env!("CARGO"))
             .args(["build", "--release", "-p", "sqlite-bpe"])
             .status()
             .unwrap();
         assert!(status.success(), "cannot build the extension");
-    }
-    lib
+    });
+    target.join("libsqlite_bpe.so")
 }
 
 /// The stock sqlite3 shell, if installed (CI installs it).
