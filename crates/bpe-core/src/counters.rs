@@ -79,6 +79,8 @@ pub struct Counters {
     pub ext_outstanding_io: AtomicI64,
     /// Times every cached page of a file was dropped because the file changed under us.
     pub file_invalidations: AtomicU64,
+    /// Pages dropped one by one because another process changed them (WAL checkpoints).
+    pub pages_forgotten: AtomicU64,
     /// Moving average, in milliseconds, of how long evicted L1 pages had been resident.
     pub l1_residence_ms: AtomicU64,
     /// Moving average, in milliseconds, of how long evicted L2 pages had gone unreferenced.
@@ -159,6 +161,7 @@ pub struct CounterSnapshot {
     /// Open data files the file system would not let us read with O_DIRECT.
     pub buffered_data_files: u64,
     pub file_invalidations: u64,
+    pub pages_forgotten: u64,
 }
 
 impl CounterSnapshot {
@@ -202,6 +205,7 @@ impl CounterSnapshot {
             ext_admissions_dropped: l(&c.ext_admissions_dropped),
             buffered_data_files: g.buffered_data_files,
             file_invalidations: l(&c.file_invalidations),
+            pages_forgotten: l(&c.pages_forgotten),
         }
     }
 
@@ -294,6 +298,11 @@ impl CounterSnapshot {
             r(
                 "File cache invalidations",
                 self.file_invalidations,
+                Cumulative,
+            ),
+            r(
+                "Pages invalidated by other processes",
+                self.pages_forgotten,
                 Cumulative,
             ),
         ]

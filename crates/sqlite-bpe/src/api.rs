@@ -16,6 +16,7 @@ extern "C" {
     fn bpe_auto_extension(entry: Option<unsafe extern "C" fn()>) -> c_int;
     fn bpe_log(code: c_int, msg: *const c_char);
     fn bpe_malloc(n: c_int) -> *mut c_void;
+    fn bpe_libversion_number() -> c_int;
     fn bpe_create_function(
         db: *mut sqlite3,
         name: *const c_char,
@@ -78,6 +79,12 @@ pub fn auto_extension(
         let f: unsafe extern "C" fn() = std::mem::transmute(entry as *const ());
         bpe_auto_extension(Some(f))
     }
+}
+
+/// The SQLite library's version as a number (3040001 for 3.40.1).
+pub fn libversion_number() -> c_int {
+    // SAFETY: a plain query of the library.
+    unsafe { bpe_libversion_number() }
 }
 
 pub fn log(code: c_int, msg: &str) {

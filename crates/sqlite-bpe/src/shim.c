@@ -15,6 +15,7 @@ int bpe_vfs_register(sqlite3_vfs *vfs, int make_default) { return sqlite3_vfs_re
 int bpe_auto_extension(void (*entry)(void)) { return sqlite3_auto_extension(entry); }
 void bpe_log(int code, const char *msg) { sqlite3_log(code, "%s", msg); }
 void *bpe_malloc(int n) { return sqlite3_malloc(n); }
+int bpe_libversion_number(void) { return sqlite3_libversion_number(); }
 
 int bpe_create_function(sqlite3 *db, const char *name, int nargs, void *app,
                         void (*fn)(sqlite3_context *, int, sqlite3_value **)) {

@@ -181,3 +181,71 @@ fn closing_one_connection_keeps_the_other_connections_locks() {
     );
     assert!(ok && err.is_empty(), "{err}");
 }
+
+/// In WAL mode another process's checkpoint forgets only the pages it wrote into the database
+/// file (the wal-index lists them), not the whole file: the rest stays cached, and the changed
+/// rows are read fresh. Here the other process's write also restarts the WAL (it was fully
+/// checkpointed), which is followed too. (After a TRUNCATE checkpoint the next writer picks
+/// random salts, generations cannot be counted, and the whole file is forgotten instead.)
+#[test]
+fn a_foreign_checkpoint_forgets_only_the_pages_it_backfilled() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let db = dir.path().join("wal.db");
+    let a = open_bpe(&db);
+    a.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE kv(k INTEGER PRIMARY KEY, v TEXT);")
+        .unwrap();
+    let tx = a.unchecked_transaction().unwrap();
+    for k in 1..=5000 {
+        tx.execute("INSERT INTO kv VALUES (?1, printf('old%0200d', ?1))", [k])
+            .unwrap();
+    }
+    tx.commit().unwrap();
+    a.execute_batch("PRAGMA wal_checkpoint(PASSIVE); PRAGMA cache_size = 1")
+        .unwrap();
+    let sum = |c: &rusqlite::Connection| -> i64 {
+        c.query_row("SELECT sum(length(v)) FROM kv", [], |r| r.get(0))
+            .unwrap()
+    };
+    sum(&a);
+    sum(&a); // every page cached in the pool
+    let whole_before = counter(&a, "File cache invalidations");
+    let pages_before = counter(&a, "Pages invalidated by other processes");
+    let (out, err, ok) = run_shell(
+        dir.path(),
+        &format!(
+            ".open {}\nUPDATE kv SET v = 'new' WHERE k IN (7, 2500, 4999);\nPRAGMA wal_checkpoint(PASSIVE);\n",
+            db.display()
+        ),
+    );
+    assert!(ok && err.is_empty(), "{out} {err}");
+    let reads_before = counter(&a, "Page reads/sec");
+    let seen: Vec<String> = a
+        .prepare("SELECT v FROM kv WHERE k IN (7, 2500, 4999) ORDER BY k")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        seen,
+        ["new", "new", "new"],
+        "a stale page after a foreign checkpoint"
+    );
+    sum(&a);
+    let forgotten = counter(&a, "Pages invalidated by other processes") - pages_before;
+    let refetched = counter(&a, "Page reads/sec") - reads_before;
+    assert_eq!(
+        counter(&a, "File cache invalidations"),
+        whole_before,
+        "the whole file was forgotten"
+    );
+    assert!(
+        (3..=12).contains(&forgotten),
+        "{forgotten} pages forgotten for 3 rows changed"
+    );
+    assert!(
+        refetched <= forgotten + 2,
+        "{refetched} pages read again from the file after {forgotten} were forgotten"
+    );
+}

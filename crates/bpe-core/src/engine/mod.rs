@@ -143,6 +143,25 @@ impl Engine {
         file.set_key(self.allocate_key());
     }
 
+    /// Forgets the cached copies of some of `file`'s pages (another process changed them), in
+    /// both tiers. A load of one of them in flight installs nothing.
+    pub fn forget_pages(&self, file: &FileHandle, pages: &[u64]) {
+        let _stable = file.key_stable();
+        let key = file.key();
+        let ext = self.current_extension();
+        for &page in pages {
+            let k = PageKey::new(key, page);
+            // L1 first: once the frame is gone, no eviction can offer the old bytes to L2.
+            self.pool.forget_page(k);
+            if let Some(ext) = &ext {
+                ext.invalidate(k);
+            }
+        }
+        self.counters
+            .pages_forgotten
+            .fetch_add(pages.len() as u64, Relaxed);
+    }
+
     /// A key never used before. Called under the registry lock, after
     /// `renumber_if_keys_run_out`, which keeps the counter far from wrapping.
     fn allocate_key(&self) -> FileKey {

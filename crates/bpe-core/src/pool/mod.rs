@@ -288,6 +288,20 @@ impl BufferPool {
         }
     }
 
+    /// Forgets one page: its frame, and any load of it in flight (which then installs nothing).
+    /// For pages another process changed; a write of ours in flight is left alone.
+    pub fn forget_page(&self, key: PageKey) {
+        let mut shard = self.shard(&key).write();
+        if let Some(p) = shard.pending.get(&key) {
+            if !p.is_write {
+                p.invalidate();
+            }
+        }
+        if let Some(old) = shard.frames.remove(&key) {
+            self.forget(&old);
+        }
+    }
+
     /// Drops cached pages of `file` at or beyond `first_page` (after a truncate).
     pub fn invalidate_from(&self, file: FileKey, first_page: u64) {
         for shard in &self.shards {

@@ -24,8 +24,9 @@
 //!   mode a stamp change while frames wait for a checkpoint may be a checkpoint in progress in
 //!   another process (it updates nBackfill only when done): we wait for the wal-index to say.
 //!
-//! A change we cannot attribute empties the file's cache (a new key: O(1), see bpe-core's
-//! page.rs). The per-file state lives with the core's file entry, across closes and reopens;
+//! Another process's checkpoint forgets just the pages it backfilled: the wal-index lists the
+//! page of every frame. A change we cannot attribute empties the file's cache (a new key: O(1),
+//! see bpe-core's page.rs). The per-file state lives with the core's file entry, across closes and reopens;
 //! while no connection of ours has the file open, the registry compares the stamp at the reopen.
 //!
 //! What no check can catch (docs/SQLITE.md): a change outside SQLite's protocol made while one
@@ -88,23 +89,77 @@ struct WalView {
     checkpointing: bool,
 }
 
+/// What changed in the wal-index since it was last accounted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WalChange {
+    /// Nothing, or only what our own connections did.
+    None,
+    /// Another process checkpointed frames (from, to] into the database file.
+    Backfill { from: u32, to: u32 },
+    /// Another process restarted the WAL: what was backfilled before is unknown.
+    Restart,
+}
+
 impl WalView {
-    /// Takes `token` as the current state; true when the change since the last one was not ours
-    /// and the database file may hold pages we have not seen.
-    fn account(&mut self, token: WalToken) -> bool {
+    /// Takes `token` as the current state and says what changed that was not ours (and so may
+    /// have put pages in the database file that we have not seen).
+    fn account(&mut self, token: WalToken) -> WalChange {
         let Some(known) = self.known.replace(token) else {
-            return false;
+            return WalChange::None;
         };
         if known.salts != token.salts {
             // A restart. Ours needs the write lock, and our writer restarts only a WAL it saw
             // fully backfilled when its read transaction began (accounted then). Another
-            // process's restart may follow a backfill we never saw.
-            !self.writing
-        } else if known.backfill != token.backfill {
-            !self.checkpointing
+            // process's restart may follow a backfill we never saw, unless we saw the old WAL
+            // fully backfilled and this is the very next WAL (a restart adds one to salt-1,
+            // big-endian): then the file changed by exactly what the new WAL backfilled.
+            let next = u32::from_be(token.salts[0]) == u32::from_be(known.salts[0]).wrapping_add(1);
+            if self.writing {
+                WalChange::None
+            } else if known.backfill == known.max_frame && next {
+                WalChange::Backfill {
+                    from: 0,
+                    to: token.backfill,
+                }
+            } else {
+                WalChange::Restart
+            }
+        } else if known.backfill != token.backfill && !self.checkpointing {
+            if token.backfill > known.backfill {
+                WalChange::Backfill {
+                    from: known.backfill,
+                    to: token.backfill,
+                }
+            } else {
+                WalChange::Restart
+            }
         } else {
-            false
+            WalChange::None
         }
+    }
+}
+
+/// The pages of WAL frames (from, to], read from the wal-index, if they can be (see
+/// `vfs::file::Conn::wal_frame_pages`); None means: forget the whole file.
+pub type FramePages<'a> = &'a dyn Fn(u32, u32, [u32; 2]) -> Option<Vec<u64>>;
+
+/// Forgets what another process's WAL change put in the database file: the backfilled pages
+/// one by one where the wal-index still lists them, else the whole file.
+fn forget(
+    engine: &Engine,
+    file: &FileHandle,
+    change: WalChange,
+    salts: [u32; 2],
+    pages: FramePages<'_>,
+) {
+    match change {
+        WalChange::None => {}
+        WalChange::Backfill { from, to } if to <= from => {}
+        WalChange::Backfill { from, to } => match pages(from, to, salts) {
+            Some(pages) => engine.forget_pages(file, &pages),
+            None => engine.invalidate_file(file),
+        },
+        WalChange::Restart => engine.invalidate_file(file),
     }
 }
 
@@ -161,18 +216,21 @@ impl FileWatch {
         engine: &Engine,
         file: &FileHandle,
         read_token: impl FnOnce() -> WalToken,
+        pages: FramePages<'_>,
         stamp: Option<FileStamp>,
     ) {
         let mut w = self.state.lock();
         let token = read_token();
-        let mut invalidate = w.wal.account(token);
+        let change = w.wal.account(token);
+        let mut invalidate = false;
         if std::mem::take(&mut w.reopened_racy) {
             // The stamp compared at the reopen was taken within a clock tick of a write: on a
             // kernel with coarse timestamps a foreign checkpoint in that tick leaves it equal.
             invalidate = true;
         }
         let stamp_moved = stamp.is_some_and(|s| file.known_stamp().is_none_or(|k| k.stamp != s));
-        let accept = if invalidate {
+        let accept = if invalidate || change != WalChange::None {
+            forget(engine, file, change, token.salts, pages);
             true
         } else if !stamp_moved || w.wal.checkpointing {
             // Our own checkpoint writes through the cache; it accepts the stamp when it ends.
@@ -204,13 +262,14 @@ impl FileWatch {
         engine: &Engine,
         file: &FileHandle,
         read_token: impl FnOnce() -> WalToken,
+        pages: FramePages<'_>,
         lock: WalLocks,
         held: bool,
     ) {
         let mut w = self.state.lock();
-        if w.wal.account(read_token()) {
-            engine.invalidate_file(file);
-        }
+        let token = read_token();
+        let change = w.wal.account(token);
+        forget(engine, file, change, token.salts, pages);
         if lock.write {
             w.wal.writing = held;
         }
@@ -257,7 +316,7 @@ pub unsafe fn wal_token(region0: *const u8) -> WalToken {
 
 #[cfg(test)]
 mod tests {
-    use super::{FileWatch, WalLocks, WalToken, WalView};
+    use super::{FileWatch, WalChange, WalLocks, WalToken, WalView};
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 
     const SALTS: [u32; 2] = [7, 9];
@@ -273,8 +332,8 @@ mod tests {
     #[test]
     fn the_first_token_and_unchanged_tokens_are_not_changes() {
         let mut wal = WalView::default();
-        assert!(!wal.account(token(SALTS, 3)));
-        assert!(!wal.account(token(SALTS, 3)));
+        assert_eq!(wal.account(token(SALTS, 3)), WalChange::None);
+        assert_eq!(wal.account(token(SALTS, 3)), WalChange::None);
     }
 
     #[test]
@@ -282,13 +341,36 @@ mod tests {
         let mut wal = WalView::default();
         wal.account(token(SALTS, 0));
         wal.checkpointing = true;
-        assert!(!wal.account(token(SALTS, 40)), "our own checkpoint");
+        assert_eq!(wal.account(token(SALTS, 40)), WalChange::None, "ours");
         wal.checkpointing = false;
         wal.writing = true;
-        assert!(
+        assert_eq!(
             wal.account(token(SALTS, 80)),
+            WalChange::Backfill { from: 40, to: 80 },
             "another process checkpointed while we held only the write lock"
         );
+    }
+
+    /// A restart after a WAL we saw fully backfilled, into the very next WAL: the file changed
+    /// by what the new WAL backfilled. After any other restart nothing is known.
+    #[test]
+    fn the_next_wal_after_a_full_backfill_is_followed_page_by_page() {
+        let be = |n: u32| n.to_be();
+        let mut wal = WalView::default();
+        wal.account(token([be(41), 5], 30));
+        assert_eq!(
+            wal.account(token([be(42), 9], 12)),
+            WalChange::Backfill { from: 0, to: 12 }
+        );
+        // Two restarts since: frames of the one between are unknown.
+        assert_eq!(wal.account(token([be(44), 3], 2)), WalChange::Restart);
+        // The old WAL was not fully backfilled when last seen.
+        wal.account(WalToken {
+            salts: [be(50), 1],
+            backfill: 4,
+            max_frame: 9,
+        });
+        assert_eq!(wal.account(token([be(51), 2], 1)), WalChange::Restart);
     }
 
     #[test]
@@ -296,13 +378,15 @@ mod tests {
         let mut wal = WalView::default();
         wal.account(token(SALTS, 80));
         wal.writing = true;
-        assert!(
-            !wal.account(token([8, 10], 0)),
+        assert_eq!(
+            wal.account(token([8, 10], 0)),
+            WalChange::None,
             "our writer restarted the WAL"
         );
         wal.writing = false;
-        assert!(
+        assert_eq!(
             wal.account(token([9, 11], 0)),
+            WalChange::Restart,
             "another process restarted a WAL that may have been backfilled unseen"
         );
     }
@@ -332,24 +416,26 @@ mod tests {
             write: false,
             checkpoint: true,
         };
+        let pages = |_: u32, _: u32, _: [u32; 2]| -> Option<Vec<u64>> { None };
         std::thread::scope(|s| {
             for _ in 0..2 {
                 s.spawn(|| {
                     while !done.load(SeqCst) {
-                        watch.begin_read_wal(&engine, &file, read, None);
+                        watch.begin_read_wal(&engine, &file, read, &pages, None);
                     }
                 });
             }
             for _ in 0..50_000 {
-                watch.wal_lock(&engine, &file, read, ckpt, true);
+                watch.wal_lock(&engine, &file, read, &pages, ckpt, true);
                 backfill.fetch_add(1, SeqCst);
-                watch.wal_lock(&engine, &file, read, ckpt, false);
+                watch.wal_lock(&engine, &file, read, &pages, ckpt, false);
             }
             done.store(true, SeqCst);
         });
+        let c = engine.counters();
         assert_eq!(
-            engine.counters().file_invalidations,
-            0,
+            (c.file_invalidations, c.pages_forgotten),
+            (0, 0),
             "own checkpoints taken for another process's"
         );
     }

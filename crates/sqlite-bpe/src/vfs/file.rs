@@ -482,14 +482,14 @@ unsafe extern "C" fn shm_lock(
         let exclusive = flags & SQLITE_SHM_EXCLUSIVE != 0 && guarded != WalLocks::default();
         if exclusive && flags & SQLITE_SHM_UNLOCK != 0 {
             // Account for what we did under the lock before anyone else can take it.
-            conn.wal_lock(guarded, false);
+            conn.wal_lock(real, guarded, false);
         }
         let rc = unix!(real, xShmLock, offset, n, flags);
         if rc != SQLITE_OK || flags & SQLITE_SHM_LOCK == 0 {
             return rc;
         }
         if exclusive {
-            conn.wal_lock(guarded, true);
+            conn.wal_lock(real, guarded, true);
         }
         if flags & SQLITE_SHM_SHARED != 0 && offset >= WAL_READ_LOCK0 {
             // A read transaction begins (WAL mode): has anyone else checkpointed?
@@ -501,11 +501,13 @@ unsafe extern "C" fn shm_lock(
                     .begin_read(&conn.engine, &conn.handle, None, stamp);
             } else {
                 let shm0 = conn.shm0;
-                // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closure runs within
+                // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closures run within
                 // this call, before anything can unmap it.
                 let read_token = || unsafe { change_detect::wal_token(shm0) };
+                let pages =
+                    |from, to, salts| unsafe { wal_frame_pages(real, shm0, from, to, salts) };
                 conn.watch
-                    .begin_read_wal(&conn.engine, &conn.handle, read_token, stamp);
+                    .begin_read_wal(&conn.engine, &conn.handle, read_token, &pages, stamp);
             }
         }
         rc
@@ -513,17 +515,89 @@ unsafe extern "C" fn shm_lock(
 }
 
 impl Conn {
-    fn wal_lock(&self, locks: WalLocks, held: bool) {
+    fn wal_lock(&self, real: *mut sqlite3_file, locks: WalLocks, held: bool) {
         if self.shm0.is_null() {
             return;
         }
         let shm0 = self.shm0;
-        // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closure runs within this call,
+        // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closures run within this call,
         // before anything can unmap it.
         let read_token = || -> WalToken { unsafe { change_detect::wal_token(shm0) } };
+        let pages = |from, to, salts| unsafe { wal_frame_pages(real, shm0, from, to, salts) };
         self.watch
-            .wal_lock(&self.engine, &self.handle, read_token, locks, held);
+            .wal_lock(&self.engine, &self.handle, read_token, &pages, locks, held);
     }
+}
+
+/// Beyond this many frames, forgetting the whole file is cheaper than page by page.
+const MAX_FRAMES_ONE_BY_ONE: u32 = 50_000;
+
+/// wal.c's wal-index geometry (verified in SQLite 3.40 and 3.50): 32 KiB regions, each with the
+/// page numbers of 4096 frames, the first after the 136-byte header (so only 4062 there).
+const WALINDEX_PGSZ: c_int = 32768;
+const WALINDEX_HDR_SIZE: usize = 136;
+const HASHTABLE_NPAGE: u32 = 4096;
+const HASHTABLE_NPAGE_ONE: u32 = HASHTABLE_NPAGE - (WALINDEX_HDR_SIZE / 4) as u32;
+
+/// The database pages (0-based) of WAL frames (from, to], read from the wal-index; None when
+/// they cannot be known for sure (an older SQLite, a region not mapped, too many frames, or the
+/// WAL restarted meanwhile, which may have overwritten the entries): then the caller forgets
+/// the whole file.
+///
+/// # Safety
+/// `real` is the connection's open unix file and `shm0` its mapped wal-index region 0.
+unsafe fn wal_frame_pages(
+    real: *mut sqlite3_file,
+    shm0: *const u8,
+    from: u32,
+    to: u32,
+    salts: [u32; 2],
+) -> Option<Vec<u64>> {
+    use std::sync::atomic::{fence, AtomicU32, Ordering};
+    if api::libversion_number() < 3_040_000 || to <= from || to - from > MAX_FRAMES_ONE_BY_ONE {
+        return None;
+    }
+    let mut pages = Vec::with_capacity((to - from) as usize);
+    let mut mapped: Option<(u32, *const u8)> = None;
+    for frame in from + 1..=to {
+        let region = (frame + HASHTABLE_NPAGE - HASHTABLE_NPAGE_ONE - 1) / HASHTABLE_NPAGE;
+        let base = match mapped {
+            Some((r, p)) if r == region => p,
+            _ => {
+                let mut p: *mut c_void = std::ptr::null_mut();
+                let rc = unix!(real, xShmMap, region as c_int, WALINDEX_PGSZ, 0, &mut p);
+                if rc != SQLITE_OK || p.is_null() {
+                    return None;
+                }
+                mapped = Some((region, p as *const u8));
+                p as *const u8
+            }
+        };
+        let (array, zero) = if region == 0 {
+            // SAFETY: region 0 is WALINDEX_PGSZ bytes; the array starts after the header.
+            (unsafe { base.add(WALINDEX_HDR_SIZE) }, 0)
+        } else {
+            (base, HASHTABLE_NPAGE_ONE + (region - 1) * HASHTABLE_NPAGE)
+        };
+        let index = (frame - zero - 1) as usize;
+        // SAFETY: index < 4096 entries of the region's page-number array (4062 in region 0),
+        // 4-byte aligned, in a live mapping; other processes write it, so read atomically.
+        let pgno = unsafe { (*(array.add(index * 4) as *const AtomicU32)).load(Ordering::Acquire) };
+        if pgno == 0 {
+            return None;
+        }
+        pages.push(pgno as u64 - 1);
+    }
+    // The entries are only those frames' if the WAL was not restarted while we read them (a
+    // restart changes the salts before any frame is written again).
+    fence(Ordering::SeqCst);
+    // SAFETY: as above.
+    if unsafe { change_detect::wal_token(shm0) }.salts != salts {
+        return None;
+    }
+    pages.sort_unstable();
+    pages.dedup();
+    Some(pages)
 }
 
 unsafe extern "C" fn shm_barrier(f: *mut sqlite3_file) {
