@@ -4,6 +4,8 @@
 //!
 //! Start at [`Engine`]: `engine/data_path.rs` is where a page goes on a read and a write.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod config;
 pub mod counters;
 mod engine;

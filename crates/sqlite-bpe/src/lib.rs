@@ -5,6 +5,8 @@
 //! Every SQLite call goes through `api` (the C shim), so the same code serves a host that loads
 //! the extension (its own SQLite) and Rust programs that call [`register`] (the bundled SQLite).
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod api;
 mod env_config;
 mod ffi;

@@ -385,8 +385,8 @@ unsafe extern "C" fn check_reserved_lock(f: *mut sqlite3_file, out: *mut c_int) 
 unsafe extern "C" fn file_control(f: *mut sqlite3_file, op: c_int, arg: *mut c_void) -> c_int {
     method!(f, SQLITE_ERROR, "xFileControl", |_conn, real| {
         if op == SQLITE_FCNTL_PRAGMA {
-            // SAFETY: for this op, arg is char*[3]: out message, pragma name, value or NULL.
             let args = arg as *mut *mut c_char;
+            // SAFETY: for this op, arg is char*[3]: out message, pragma name, value or NULL.
             let (name, value) = unsafe {
                 let name = CStr::from_ptr(*args.add(1)).to_string_lossy().into_owned();
                 let v = *args.add(2);
@@ -438,6 +438,7 @@ unsafe extern "C" fn shm_map(
         let rc = unix!(real, xShmMap, region, size, extend, out);
         // SAFETY: on success *out is the mapping (or NULL if not extended).
         if rc == SQLITE_OK && region == 0 && unsafe { !(*out).is_null() } {
+            // SAFETY: as above: *out was just set by the unix VFS.
             conn.shm0 = unsafe { *out } as *const u8;
         }
         rc
@@ -504,6 +505,7 @@ unsafe extern "C" fn shm_lock(
                 // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closures run within
                 // this call, before anything can unmap it.
                 let read_token = || unsafe { change_detect::wal_token(shm0) };
+                // SAFETY: as above, and real is this connection's open unix file.
                 let pages =
                     |from, to, salts| unsafe { wal_frame_pages(real, shm0, from, to, salts) };
                 conn.watch
@@ -523,6 +525,7 @@ impl Conn {
         // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closures run within this call,
         // before anything can unmap it.
         let read_token = || -> WalToken { unsafe { change_detect::wal_token(shm0) } };
+        // SAFETY: as above, and real is this connection's open unix file.
         let pages = |from, to, salts| unsafe { wal_frame_pages(real, shm0, from, to, salts) };
         self.watch
             .wal_lock(&self.engine, &self.handle, read_token, &pages, locks, held);

@@ -207,6 +207,7 @@ unsafe fn filter_inner(
 ) -> c_int {
     // SAFETY: cur is our Cursor; its pVtab is our Table (set by SQLite from connect's result).
     let cursor = unsafe { &mut *(cur as *mut Cursor) };
+    // SAFETY: SQLite set pVtab to the table connect() made, which outlives its cursors.
     let table = unsafe { &*(cursor.base.pVtab as *const Table) };
     cursor.rows = (table.def.rows)();
     cursor.pos = 0;
