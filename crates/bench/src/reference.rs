@@ -2,7 +2,7 @@
 //! read latency at queue depth 1 and 4, sequential O_DIRECT read and write bandwidth (1 MiB
 //! requests), and, where `fio` is installed, fio's figures on the same file system.
 
-use bpe_core::io::AlignedBuf;
+use bpe_core::AlignedBuf;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};

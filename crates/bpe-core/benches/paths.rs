@@ -61,7 +61,7 @@ fn paths(c: &mut Criterion) {
         .custom_flags(libc::O_DIRECT)
         .open(&rig.data)
         .unwrap();
-    let mut aligned = bpe_core::io::AlignedBuf::new(PAGE);
+    let mut aligned = bpe_core::AlignedBuf::new(PAGE);
     let mut i = 0u64;
     g.bench_function("raw_pread_o_direct", |b| {
         b.iter(|| {

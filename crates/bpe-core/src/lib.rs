@@ -10,13 +10,15 @@ pub mod config;
 pub mod counters;
 mod engine;
 pub mod error;
-pub mod extension;
-pub mod files;
-pub mod io;
+mod extension;
+mod files;
+mod io;
 pub mod page;
+/// Public for the replacement-policy study (tools/policy-study), which drives L1 on traces.
 pub mod pool;
 mod readahead;
 pub mod statements;
+/// The ranked locks, for clients that keep per-file state under the engine's lock order.
 pub mod sync;
 
 pub use config::{Config, DeviceEmulation};
@@ -26,5 +28,7 @@ pub use engine::{
     ExtensionState, ExtensionStatus, PageRead, Settings, Via,
 };
 pub use error::{Error, Result};
-pub use files::{FileHandle, FileInfo, OpenKind, OpenRequest};
+pub use extension::initial_index_bytes;
+pub use files::{FileHandle, FileInfo, KnownStamp, OpenKind, OpenRequest};
+pub use io::{AlignedBuf, DataDevice, FileIdentity, FileStamp};
 pub use page::{FileKey, PageKey, Tier};

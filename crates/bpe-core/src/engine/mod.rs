@@ -1,7 +1,9 @@
 //! The engine: one RAM buffer pool (L1), at most one extension (L2), and the data files under them.
 //!
 //! - `data_path.rs`: where a page goes on a read and on a write (the only place).
-//! - `admin.rs`: the operator's controls (memory, extension on/off/resize, drop clean buffers).
+//! - `lifecycle.rs`: the extension's lifecycle (enable, disable, resize, retire), one state
+//!   machine.
+//! - `admin.rs`: the other operator settings (memory, drop clean buffers) and the checks.
 //! - `observe.rs`: counters, buffer descriptors, extension configuration.
 //! - this file: the engine's parts, the file lifecycle (see `files.rs`), and what the extension
 //!   asks of the engine (index memory, retiring it after faults).
@@ -11,13 +13,12 @@
 
 mod admin;
 mod data_path;
+mod lifecycle;
 mod observe;
 
-pub use admin::{
-    check_extension_size, check_max_memory, effective_extension_size, ExtensionState,
-    ExtensionStatus, Settings,
-};
+pub use admin::{check_extension_size, check_max_memory, effective_extension_size, Settings};
 pub use data_path::{PageRead, Via};
+pub use lifecycle::{ExtensionState, ExtensionStatus};
 pub use observe::BufferDescriptor;
 
 use crate::config::{Config, INDEX_BUDGET_DIVISOR};
@@ -37,8 +38,9 @@ use std::time::Instant;
 pub struct Engine {
     config: Config,
     pool: BufferPool,
+    /// The working extension, for readers; changed only by `lifecycle.rs`'s transitions.
     extension: RwLock<Option<Arc<Extension>>>,
-    status: Mutex<ExtensionStatus>,
+    lifecycle: Mutex<lifecycle::Lifecycle>,
     /// Serializes operator actions (enable, disable, resize, memory changes).
     admin: Mutex<()>,
     /// Serializes changes of L1's target (max server memory less the extension's index).
@@ -64,7 +66,7 @@ impl Engine {
         Arc::new_cyclic(|me| Engine {
             pool: BufferPool::new(config.max_memory),
             extension: RwLock::new(Rank::ExtensionSlot, None),
-            status: Mutex::new(Rank::Status, ExtensionStatus::default()),
+            lifecycle: Mutex::new(Rank::Status, lifecycle::Lifecycle::default()),
             admin: Mutex::new(Rank::Admin, ()),
             memory: Mutex::new(Rank::Memory, ()),
             files: Mutex::new(Rank::Files, FileRegistry::default()),
@@ -250,15 +252,9 @@ impl ExtensionHost for Host {
     }
 
     fn failed(&self, ext: &Arc<Extension>) {
-        let (Some(engine), ext) = (self.0.upgrade(), ext.clone()) else {
-            return;
-        };
-        // Retired on a thread of its own: this may run on a reader's path (holding nothing) or
-        // on the writer's thread, which the retirement waits for.
-        crate::sync::spawn("bpe-extension-retire", move || {
-            engine.retire_failed_extension(&ext)
-        })
-        .unwrap_or_else(|e| log::error!("cannot retire the failed extension: {e}"));
+        if let Some(engine) = self.0.upgrade() {
+            engine.extension_failed(ext);
+        }
     }
 }
 

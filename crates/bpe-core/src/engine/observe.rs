@@ -1,7 +1,7 @@
 //! What operators see: counters, buffer descriptors, the extension's configuration. Every
 //! function here only reads.
 
-use super::{Engine, ExtensionStatus};
+use super::Engine;
 use crate::counters::{CounterSnapshot, Gauges};
 use crate::files::FileInfo;
 use crate::page::Tier;
@@ -96,18 +96,6 @@ impl Engine {
         }
         out.sort_by_key(|d| (d.file, d.page, d.tier != Tier::Memory));
         out
-    }
-
-    pub fn extension_status(&self) -> ExtensionStatus {
-        let mut status = self.status.lock().clone();
-        if status.last_failure.is_none() {
-            status.last_failure = self
-                .extension
-                .read()
-                .as_ref()
-                .and_then(|e| e.failure().or_else(|| e.last_drop()));
-        }
-        status
     }
 
     pub fn files(&self) -> Vec<FileInfo> {

@@ -127,17 +127,9 @@ impl ExtensionIndex {
         self.regions[region].reserve_exact(more);
     }
 
-    pub fn regions(&self) -> usize {
-        self.regions.len()
-    }
-
     /// Cached pages.
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Bytes of the ring the cached pages take.

@@ -14,7 +14,7 @@ use crate::config::{EXTENSION_BATCH_BYTES, EXTENSION_FAULT_LIMIT, EXTENSION_STAG
 use crate::counters::Counters;
 use crate::io::aligned::{round_down, round_up};
 use crate::io::extension_file::ExtensionFile;
-use crate::io::{AlignedBuf, FaultInjector};
+use crate::io::{AlignedBuf, FaultInjector, FaultyExtensionFile};
 use crate::page::{FileKey, PageKey};
 use crate::pool::Frame;
 use crate::sync::channel::{Sender, TrySendError};
@@ -78,7 +78,7 @@ struct Tables {
 }
 
 pub struct Extension {
-    file: ExtensionFile,
+    file: FaultyExtensionFile,
     regions: usize,
     tables: RwLock<Tables>,
     staging: Sender<ToWriter>,
@@ -121,7 +121,8 @@ impl Extension {
         epoch: Instant,
     ) -> Result<Arc<Extension>> {
         let regions = regions_for(size);
-        let file = ExtensionFile::create(path, regions as u64 * REGION_BYTES, faults)?;
+        let file = ExtensionFile::create(path, regions as u64 * REGION_BYTES)?;
+        let file = FaultyExtensionFile::new(file, faults);
         let (tx, rx) = crate::sync::channel::bounded(EXTENSION_STAGING_PAGES);
         let ext = Arc::new(Extension {
             file,
@@ -152,13 +153,13 @@ impl Extension {
     }
 
     pub fn path(&self) -> &Path {
-        self.file.path()
+        self.file.file().path()
     }
     pub fn size_bytes(&self) -> u64 {
         self.regions as u64 * REGION_BYTES
     }
     pub fn identity(&self) -> crate::io::FileIdentity {
-        self.file.identity()
+        self.file.file().identity()
     }
     pub fn cached_pages(&self) -> usize {
         self.tables.read().index.len()
@@ -415,12 +416,12 @@ impl Extension {
         {
             log::error!("buffer pool extension writer did not stop within 10 s");
         }
-        self.file.remove();
+        self.file.file().remove();
     }
 
     /// Deletes the file without waiting for the writer (process exit, self-disable).
     pub fn remove_file_only(&self) {
-        self.file.remove();
+        self.file.file().remove();
     }
 
     /// Pages staged and not yet written (or dropped).
@@ -440,14 +441,14 @@ impl Extension {
 
     /// The descriptor of the file, to be closed in a forked child (see `Engine::after_fork`).
     pub(crate) fn raw_fd(&self) -> i32 {
-        self.file.raw_fd()
+        self.file.file().raw_fd()
     }
 }
 
 impl Drop for Extension {
     fn drop(&mut self) {
         self.stopping.store(true, Relaxed);
-        self.file.remove();
+        self.file.file().remove();
     }
 }
 

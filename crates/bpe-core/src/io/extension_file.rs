@@ -9,20 +9,17 @@
 //! Any other file at the path is refused and left untouched.
 
 use super::data_file::read_full;
-use super::faults::FaultInjector;
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 pub struct ExtensionFile {
     path: PathBuf,
     file: File,
     dev: u64,
     ino: u64,
-    faults: Arc<FaultInjector>,
 }
 
 fn bad(path: &Path, reason: impl Into<String>) -> Error {
@@ -91,7 +88,7 @@ fn companion_suffix(name: &str) -> Option<&'static str> {
 
 impl ExtensionFile {
     /// Creates and preallocates the file. On any failure nothing is left behind.
-    pub fn create(path: &Path, size: u64, faults: Arc<FaultInjector>) -> Result<ExtensionFile> {
+    pub fn create(path: &Path, size: u64) -> Result<ExtensionFile> {
         validate_path(path)?;
         if let Some((dev, ino)) = stale_extension(path) {
             log::warn!(
@@ -118,7 +115,6 @@ impl ExtensionFile {
             file,
             dev: meta.dev(),
             ino: meta.ino(),
-            faults,
         };
         // From here on the file is ours: remove it if the rest fails.
         ext.mark_ours();
@@ -195,9 +191,6 @@ impl ExtensionFile {
 
     /// Reads `buf.len()` bytes (aligned) at `offset`.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        if let Some(e) = self.faults.take_extension_read_error() {
-            return Err(e);
-        }
         let n = read_full(&self.file, offset, buf)?;
         if n < buf.len() {
             return Err(std::io::Error::new(
@@ -205,17 +198,11 @@ impl ExtensionFile {
                 "extension file is shorter than expected (truncated?)",
             ));
         }
-        if self.faults.take_extension_corruption() {
-            buf.iter_mut().step_by(97).for_each(|b| *b ^= 0x5a);
-        }
         Ok(())
     }
 
     /// Writes an aligned batch at `offset`.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        if let Some(e) = self.faults.take_extension_write_error() {
-            return Err(e);
-        }
         self.file.write_all_at(data, offset)
     }
 

@@ -11,6 +11,6 @@ pub mod faults;
 
 pub use aligned::AlignedBuf;
 pub use data_file::{DataFile, FileIdentity, FileStamp};
-pub use device::{DataDevice, Instrumented};
+pub use device::{DataDevice, FaultyExtensionFile, Instrumented};
 pub use emulation::Emulator;
 pub use faults::FaultInjector;

@@ -35,8 +35,8 @@
 //! within the same clock tick as our own last write; and on file systems whose page cache is not
 //! coherent across clients (NFS), anything another machine writes.
 
-use bpe_core::io::FileStamp;
 use bpe_core::sync::{Mutex, Rank};
+use bpe_core::FileStamp;
 use bpe_core::{Engine, FileHandle, OpenKind};
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -11,7 +11,7 @@ use super::change_detect::{self, FileWatch, WalLocks, WalToken};
 use super::unix_file::{self, unix, UnixFile};
 use crate::api;
 use crate::ffi::guard;
-use bpe_core::io::FileIdentity;
+use bpe_core::FileIdentity;
 use bpe_core::{Engine, Error, FileHandle, OpenRequest, Via};
 use libsqlite3_sys::*;
 use std::ffi::{c_char, c_int, c_void, CStr};

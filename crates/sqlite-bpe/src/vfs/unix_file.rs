@@ -3,7 +3,7 @@
 //! SQLite's I/O hooks (chunk sizes, simulated I/O errors in its test builds, system-call
 //! overrides) see our page I/O as they see their own.
 
-use bpe_core::io::{DataDevice, FileIdentity};
+use bpe_core::{DataDevice, FileIdentity};
 use libsqlite3_sys::{sqlite3_file, sqlite3_vfs, SQLITE_IOERR_SHORT_READ, SQLITE_OK};
 use std::ffi::{c_int, c_void};
 

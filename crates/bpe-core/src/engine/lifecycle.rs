@@ -1,0 +1,296 @@
+//! The extension's lifecycle: one state machine, every transition in this file.
+//!
+//! ```text
+//!                 enable                 created
+//!   DISABLED ─────────────▶ ENABLING ─────────────▶ ENABLED ──────────── disable ─────────┐
+//!      ▲ ▲                     │ refused             │  │ ▲                                ▼
+//!      │ └─────────────────────┘                     │  │ │ done (new size, or the     DISABLING
+//!      │                                             │  │ │ old one put back)              │
+//!      │                                     resize  │  ▼ │                                │
+//!      │                                             │ RESIZING                            │
+//!      │                     8 faults in a row       ▼                                     │
+//!      └──────────── retired (its own thread) ─── FAILING                                  │
+//!      └───────────────────────────────────────────────────────────── writer stopped ─────┘
+//! ```
+//!
+//! Operator actions (enable, disable, resize) run one at a time under `Engine::admin`. A fault
+//! streak never changes state on the path that sees it: the extension tells the engine
+//! (`ExtensionHost::failed`), the phase becomes FAILING at once (so readers skip it), and the
+//! retirement runs on a thread of its own. Getters (`extension_status`) only read. Readers find
+//! the working extension through `Engine::extension`, which only these transitions change.
+
+use super::{check_extension_size, Engine};
+use crate::extension::Extension;
+use crate::{Error, Result};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+/// sys.dm_os_buffer_pool_extension_configuration.state, with SQL Server's numbers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExtensionState {
+    #[default]
+    Disabled = 0,
+    Disabling = 1,
+    Enabling = 3,
+    Enabled = 5,
+}
+
+impl ExtensionState {
+    pub fn description(self) -> &'static str {
+        match self {
+            ExtensionState::Disabled => "BUFFER POOL EXTENSION DISABLED",
+            ExtensionState::Disabling => "BUFFER POOL EXTENSION DISABLING",
+            ExtensionState::Enabling => "BUFFER POOL EXTENSION ENABLING",
+            ExtensionState::Enabled => "BUFFER POOL EXTENSION ENABLED",
+        }
+    }
+}
+
+/// The extension's configuration as operators see it.
+#[derive(Clone, Debug, Default)]
+pub struct ExtensionStatus {
+    pub state: ExtensionState,
+    pub path: Option<PathBuf>,
+    pub size_bytes: u64,
+    /// Why the extension last disabled itself or could not start, or why a page was last refused.
+    pub last_failure: Option<String>,
+}
+
+/// Where the extension is in its lifecycle.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Phase {
+    #[default]
+    Disabled,
+    Enabling {
+        path: PathBuf,
+    },
+    Enabled {
+        path: PathBuf,
+        size: u64,
+    },
+    Resizing {
+        path: PathBuf,
+        to: u64,
+    },
+    Disabling {
+        path: PathBuf,
+        size: u64,
+    },
+    /// Faults made it give up; its retirement is under way.
+    Failing {
+        path: PathBuf,
+        size: u64,
+    },
+}
+
+/// The phase and what the last failure was.
+#[derive(Default)]
+pub(crate) struct Lifecycle {
+    phase: Phase,
+    last_failure: Option<String>,
+}
+
+impl Lifecycle {
+    fn status(&self) -> ExtensionStatus {
+        let (state, path, size_bytes) = match &self.phase {
+            Phase::Disabled => (ExtensionState::Disabled, None, 0),
+            Phase::Enabling { path } => (ExtensionState::Enabling, Some(path.clone()), 0),
+            Phase::Enabled { path, size } => (ExtensionState::Enabled, Some(path.clone()), *size),
+            Phase::Resizing { path, to } => (ExtensionState::Enabling, Some(path.clone()), *to),
+            Phase::Disabling { path, size } | Phase::Failing { path, size } => {
+                (ExtensionState::Disabling, Some(path.clone()), *size)
+            }
+        };
+        ExtensionStatus {
+            state,
+            path,
+            size_bytes,
+            last_failure: self.last_failure.clone(),
+        }
+    }
+}
+
+impl Engine {
+    fn enter(&self, phase: Phase) {
+        let mut l = self.lifecycle.lock();
+        if matches!(phase, Phase::Enabled { .. }) {
+            l.last_failure = None;
+        }
+        l.phase = phase;
+    }
+
+    /// The extension's state now. A pure read.
+    pub fn extension_status(&self) -> ExtensionStatus {
+        let mut status = self.lifecycle.lock().status();
+        if status.last_failure.is_none() {
+            status.last_failure = self
+                .extension
+                .read()
+                .as_ref()
+                .and_then(|e| e.failure().or_else(|| e.last_drop()));
+        }
+        status
+    }
+
+    /// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = path, SIZE = size).
+    pub fn enable_extension(&self, path: &Path, size: u64) -> Result<()> {
+        let _admin = self.admin.lock();
+        if let Some(ext) = self.extension.read().as_ref() {
+            return Err(Error::ExtensionAlreadyEnabled {
+                path: ext.path().to_path_buf(),
+            });
+        }
+        self.enable_locked(path, size)
+    }
+
+    /// DISABLED → ENABLING → ENABLED (or back to DISABLED if refused).
+    fn enable_locked(&self, path: &Path, size: u64) -> Result<()> {
+        self.validate_extension(path, size)?;
+        self.enter(Phase::Enabling {
+            path: path.to_path_buf(),
+        });
+        let host = Arc::new(super::Host(self.me.clone()));
+        let ext = match Extension::create(
+            path,
+            size,
+            self.counters.clone(),
+            self.faults.clone(),
+            host,
+            self.epoch,
+        ) {
+            Ok(ext) => ext,
+            Err(e) => {
+                self.enter(Phase::Disabled);
+                return Err(e);
+            }
+        };
+        let size = ext.size_bytes();
+        self.extension_fd.store(ext.raw_fd(), Relaxed);
+        *self.extension.write() = Some(ext);
+        self.refresh_memory_target();
+        self.enter(Phase::Enabled {
+            path: path.to_path_buf(),
+            size,
+        });
+        Ok(())
+    }
+
+    /// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF.
+    pub fn disable_extension(&self) -> Result<()> {
+        let _admin = self.admin.lock();
+        if self.extension.read().is_none() {
+            return Err(Error::ExtensionNotEnabled);
+        }
+        self.disable_locked();
+        Ok(())
+    }
+
+    /// ENABLED → DISABLING → DISABLED: stop admitting, stop the writer, delete the file.
+    fn disable_locked(&self) {
+        let Some(ext) = self.extension.read().clone() else {
+            return;
+        };
+        self.enter(Phase::Disabling {
+            path: ext.path().to_path_buf(),
+            size: ext.size_bytes(),
+        });
+        self.unplug(&ext);
+        self.enter(Phase::Disabled);
+    }
+
+    /// Takes `ext` out of service: readers stop finding it, its writer stops, its file goes.
+    fn unplug(&self, ext: &Arc<Extension>) {
+        *self.extension.write() = None;
+        self.extension_fd.store(-1, Relaxed);
+        ext.shutdown();
+        // The index is freed when the last reader in flight lets go of `ext`.
+        self.refresh_memory_target();
+    }
+
+    /// ENABLED → RESIZING → ENABLED: the ring is laid out anew (contents dropped). A size the
+    /// disk cannot hold is refused and the old size is put back, so that a refused resize
+    /// changes nothing but the contents.
+    pub fn resize_extension(&self, size: u64) -> Result<()> {
+        let _admin = self.admin.lock();
+        let Some(ext) = self.extension.read().clone() else {
+            return Err(Error::ExtensionNotEnabled);
+        };
+        let path = ext.path().to_path_buf();
+        let old_size = ext.size_bytes();
+        // The size is checked before the old extension is touched (its path exists now, so
+        // the path rules are checked again by enable_locked once the old file is gone).
+        check_extension_size(size, self.max_memory())?;
+        self.enter(Phase::Resizing {
+            path: path.clone(),
+            to: size,
+        });
+        self.unplug(&ext);
+        drop(ext);
+        let Err(e) = self.enable_locked(&path, size) else {
+            return Ok(());
+        };
+        if let Err(again) = self.enable_locked(&path, old_size) {
+            log::warn!(
+                "buffer pool extension could not be restored after a failed resize: {again}"
+            );
+            self.lifecycle.lock().last_failure = Some(format!(
+                "resize to {size} bytes failed ({e}) and the old size could not be restored ({again})"
+            ));
+        }
+        Err(e)
+    }
+
+    /// Records why the extension is not on when configuration outside SQL asked for it (the
+    /// host keeps working without it; the reason shows in the status).
+    pub fn note_extension_failure(&self, reason: String) {
+        self.lifecycle.lock().last_failure = Some(reason);
+    }
+
+    /// ENABLED → FAILING: called by the extension when a fault streak reached its limit (from
+    /// whatever thread saw the last fault, holding no lock). Readers already skip a failed
+    /// extension; the retirement runs on a thread of its own.
+    pub(crate) fn extension_failed(self: &Arc<Self>, ext: &Arc<Extension>) {
+        {
+            let mut l = self.lifecycle.lock();
+            if let Phase::Enabled { path, size } = &l.phase {
+                l.phase = Phase::Failing {
+                    path: path.clone(),
+                    size: *size,
+                };
+            }
+        }
+        // Its own thread: this may run on a reader's path or on the extension writer's thread,
+        // which the retirement waits for.
+        let (engine, ext) = (self.clone(), ext.clone());
+        crate::sync::spawn("bpe-extension-retire", move || {
+            engine.retire_failed_extension(&ext)
+        })
+        .unwrap_or_else(|e| log::error!("cannot retire the failed extension: {e}"));
+    }
+
+    /// FAILING → DISABLED: the engine keeps serving from RAM and the data files, and the reason
+    /// stays in the status.
+    fn retire_failed_extension(&self, ext: &Arc<Extension>) {
+        let _admin = self.admin.lock();
+        let current = self.extension.read().clone();
+        if !current.is_some_and(|c| Arc::ptr_eq(&c, ext)) {
+            return; // an operator action replaced it meanwhile
+        }
+        let reason = ext.failure().unwrap_or_else(|| "repeated faults".into());
+        log::warn!("buffer pool extension disabled itself: {reason}");
+        // The file goes now, so that the operator can enable again at once at the same path.
+        self.unplug(ext);
+        let mut l = self.lifecycle.lock();
+        l.phase = Phase::Disabled;
+        l.last_failure = Some(reason);
+    }
+
+    /// Deletes the extension file without waiting for anything (process exit): it holds pages
+    /// in the clear. Skipped if an operator action holds the extension at that moment.
+    pub fn remove_extension_file_at_exit(&self) {
+        if let Some(ext) = self.extension.try_read().and_then(|e| e.clone()) {
+            ext.remove_file_only();
+        }
+    }
+}
