@@ -285,19 +285,19 @@ impl FileRegistry {
         Ok((file, OpenKind::New))
     }
 
-    /// Drops one opener; after the last, closes the descriptors (now, under the registry lock)
+    /// Drops one opener (true if it was the last); after the last, closes the descriptors (now, under the registry lock)
     /// and keeps the entry for a reopen. The known stamp stays what the client last accepted: a
     /// change nobody looked at before the close must still be caught at the reopen.
-    pub(crate) fn close(&mut self, handle: &FileHandle) {
+    pub(crate) fn close(&mut self, handle: &FileHandle) -> bool {
         let Some(entry) = self.by_identity.get_mut(&handle.identity) else {
-            return;
+            return false;
         };
         if !Arc::ptr_eq(&entry.file, handle) || entry.openers == 0 {
-            return;
+            return false;
         }
         entry.openers -= 1;
         if entry.openers > 0 {
-            return;
+            return false;
         }
         // The last opener's calls have all returned: nobody else holds the descriptors.
         let data = handle.data.write().take();
@@ -311,6 +311,7 @@ impl FileRegistry {
             // Forgotten: its key is dead, its copies leave both tiers as space is needed.
             self.by_identity.remove(&oldest);
         }
+        true
     }
 
     /// Every known file (open or retained).

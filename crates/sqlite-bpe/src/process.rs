@@ -112,6 +112,7 @@ extern "C" fn after_fork_child() {
 }
 
 extern "C" fn remove_extension_at_exit() {
+    crate::vfs::remove_peer_logs_at_exit();
     let Some(slot) = SLOT.try_lock() else {
         return;
     };

@@ -249,3 +249,95 @@ fn a_foreign_checkpoint_forgets_only_the_pages_it_backfilled() {
         "{refetched} pages read again from the file after {forgotten} were forgotten"
     );
 }
+
+/// In rollback mode a commit by another bpe process forgets only the pages it wrote (the bpe
+/// processes log them), not the whole file; a plain SQLite writer's commit, which logs nothing,
+/// still forgets the whole file.
+#[test]
+fn a_bpe_peers_commit_forgets_only_its_pages_and_a_plain_writers_the_whole_file() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lib = extension_library();
+    let dir = tempdir();
+    let db = dir.path().join("rollback.db");
+    let a = open_bpe(&db);
+    a.execute_batch(
+        "PRAGMA journal_mode = DELETE; CREATE TABLE kv(k INTEGER PRIMARY KEY, v TEXT);",
+    )
+    .unwrap();
+    let tx = a.unchecked_transaction().unwrap();
+    for k in 1..=5000 {
+        tx.execute("INSERT INTO kv VALUES (?1, printf('old%0200d', ?1))", [k])
+            .unwrap();
+    }
+    tx.commit().unwrap();
+    a.execute_batch("PRAGMA cache_size = 1").unwrap();
+    let sum = |c: &rusqlite::Connection| -> i64 {
+        c.query_row("SELECT sum(length(v)) FROM kv", [], |r| r.get(0))
+            .unwrap()
+    };
+    sum(&a);
+    let values = |c: &rusqlite::Connection| -> Vec<String> {
+        c.prepare("SELECT v FROM kv WHERE k IN (7, 2500, 4999) ORDER BY k")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let update = |tag: &str, bpe: bool| {
+        let open = if bpe {
+            format!(
+                ".load {}\n.open file:{}?vfs=bpe\n",
+                lib.with_extension("").display(),
+                db.display()
+            )
+        } else {
+            format!(".open {}\n", db.display())
+        };
+        let (out, err, ok) = run_shell(
+            dir.path(),
+            &format!("{open}UPDATE kv SET v = '{tag}' WHERE k IN (7, 2500, 4999);\n"),
+        );
+        assert!(ok && err.is_empty(), "{out} {err}");
+    };
+    for round in ["peer1", "peer2"] {
+        let whole = counter(&a, "File cache invalidations");
+        let pages = counter(&a, "Pages invalidated by other processes");
+        update(round, true);
+        let reads = counter(&a, "Page reads/sec");
+        assert_eq!(
+            values(&a),
+            [round, round, round],
+            "stale page after a peer's commit"
+        );
+        sum(&a);
+        let forgotten = counter(&a, "Pages invalidated by other processes") - pages;
+        let refetched = counter(&a, "Page reads/sec") - reads;
+        assert_eq!(
+            counter(&a, "File cache invalidations"),
+            whole,
+            "{round}: whole file forgotten"
+        );
+        assert!(
+            (3..=12).contains(&forgotten),
+            "{round}: {forgotten} pages forgotten"
+        );
+        assert!(
+            refetched <= forgotten + 2,
+            "{round}: {refetched} pages read again"
+        );
+    }
+    let whole = counter(&a, "File cache invalidations");
+    update("plain", false);
+    assert_eq!(
+        values(&a),
+        ["plain", "plain", "plain"],
+        "stale page after a plain commit"
+    );
+    assert_eq!(counter(&a, "File cache invalidations"), whole + 1);
+    // And after the plain writer, peers' commits are followed page by page again.
+    update("peer3", true);
+    let whole = counter(&a, "File cache invalidations");
+    assert_eq!(values(&a), ["peer3", "peer3", "peer3"]);
+    assert_eq!(counter(&a, "File cache invalidations"), whole);
+}

@@ -118,10 +118,11 @@ impl Engine {
         Ok(opened)
     }
 
-    /// Releases a handle. After the last one the descriptors close; the cached pages stay for a
-    /// reopen (which checks first that the file did not change meanwhile).
-    pub fn close_file(&self, file: &FileHandle) {
-        self.files.lock().close(file);
+    /// Releases a handle; true if it was the file's last opener. After the last one the
+    /// descriptors close; the cached pages stay for a reopen (which checks first that the file
+    /// did not change meanwhile).
+    pub fn close_file(&self, file: &FileHandle) -> bool {
+        self.files.lock().close(file)
     }
 
     /// Changes a file's page size (SQLite's VACUUM can). Its cached pages are forgotten.

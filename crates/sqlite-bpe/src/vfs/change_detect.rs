@@ -35,6 +35,7 @@
 //! within the same clock tick as our own last write; and on file systems whose page cache is not
 //! coherent across clients (NFS), anything another machine writes.
 
+use super::peer_log::{Explained, PeerLog};
 use bpe_core::sync::{Mutex, Rank};
 use bpe_core::FileStamp;
 use bpe_core::{Engine, FileHandle, OpenKind};
@@ -53,7 +54,7 @@ impl Default for FileWatch {
     }
 }
 
-#[derive(Default, Debug)]
+#[derive(Default)]
 struct Watch {
     /// Header bytes 24..40 as last read or written by us.
     header: Option<[u8; 16]>,
@@ -61,6 +62,41 @@ struct Watch {
     /// Opened again after a time with no connection of ours on it, with a stamp that could not
     /// vouch for the WAL alone (see `opened`).
     reopened_racy: bool,
+    /// The bpe processes' commit log (rollback mode), once mapped, and where we read it up to:
+    /// (epoch, sequence number). See peer_log.rs.
+    log: Option<PeerLog>,
+    log_pos: Option<(u64, u64)>,
+}
+
+/// The change counter in header bytes 24..40.
+fn counter(header: &[u8; 16]) -> u32 {
+    u32::from_be_bytes(header[..4].try_into().expect("4 bytes"))
+}
+
+impl Watch {
+    /// The commit log, mapped on first use (None where it cannot be).
+    fn log(&mut self, file: &FileHandle) -> Option<&PeerLog> {
+        if self.log.is_none() {
+            self.log = PeerLog::open(file.identity());
+        }
+        self.log.as_ref()
+    }
+
+    /// What the log says changed since our last look, with the counter going from `known` to
+    /// `now`; and our position moves to its head.
+    fn explain(&mut self, file: &FileHandle, known: u32, now: u32) -> Explained {
+        let pos = self.log_pos;
+        let Some(log) = self.log(file) else {
+            return Explained::Unknown;
+        };
+        let (epoch, head) = (log.epoch(), log.head());
+        let explained = match pos {
+            Some((e, from)) if e == epoch => log.explain(from, head, known, now),
+            _ => Explained::Unknown,
+        };
+        self.log_pos = Some((epoch, head));
+        explained
+    }
 }
 
 /// (salt1, salt2, nBackfill, mxFrame) from the wal-index.
@@ -87,6 +123,11 @@ struct WalView {
     writing: bool,
     /// One of our connections holds the checkpoint lock (only a checkpointer backfills).
     checkpointing: bool,
+    /// Writes to the database file by our connections, and their count when we took the
+    /// checkpoint lock: holding the lock is not writing (a superlock holds every lock while
+    /// another tool replaces the files), so a stamp change is ours only if we wrote.
+    own_writes: u64,
+    writes_at_checkpoint: u64,
 }
 
 /// What changed in the wal-index since it was last accounted.
@@ -183,6 +224,14 @@ impl FileWatch {
         }
     }
 
+    /// The last connection of this process to the file closed: the commit log is of no use
+    /// until a reopen (which checks the stamp first), and is let go.
+    pub fn closed(&self) {
+        let mut w = self.state.lock();
+        w.log = None;
+        w.log_pos = None;
+    }
+
     /// A read transaction begins in rollback mode (or in WAL mode without a wal-index mapped,
     /// as with `readonly_shm`): `header` is bytes 24..40 read just now, `stamp` the file's stamp.
     pub fn begin_read(
@@ -195,11 +244,33 @@ impl FileWatch {
         let mut w = self.state.lock();
         let counter_moved = matches!((w.header, header), (Some(a), Some(b)) if a != b);
         let stamp_moved = stamp.is_some_and(|s| file.known_stamp().is_none_or(|k| k.stamp != s));
-        if counter_moved || stamp_moved {
+        if let (true, Some(known), Some(now)) = (counter_moved, w.header, header) {
+            // Another process committed: bpe peers say which pages in their shared log.
+            match w.explain(file, counter(&known), counter(&now)) {
+                Explained::Pages {
+                    pages,
+                    truncated_to,
+                } => {
+                    if let Some(t) = truncated_to {
+                        engine.truncated(file, t * file.page_size() as u64);
+                    }
+                    engine.forget_pages(file, &pages);
+                }
+                Explained::Unknown => engine.invalidate_file(file),
+            }
+        } else if stamp_moved {
             engine.invalidate_file(file);
         }
         if header.is_some() {
             w.header = header;
+            if w.log_pos.is_none() {
+                // From now on, commits of other bpe processes are read from the log. (No
+                // process can log a commit while we hold the shared lock: the head matches the
+                // counter just read.)
+                if let Some(log) = w.log(file) {
+                    w.log_pos = Some((log.epoch(), log.head()));
+                }
+            }
         }
         if let Some(s) = stamp {
             file.accept_stamp(s);
@@ -275,12 +346,22 @@ impl FileWatch {
         }
         if lock.checkpoint {
             w.wal.checkpointing = held;
-            if !held {
-                if let Ok(s) = file.stamp_now() {
-                    file.accept_stamp(s);
+            if held {
+                w.wal.writes_at_checkpoint = w.wal.own_writes;
+            } else if let Ok(s) = file.stamp_now() {
+                let moved = file.known_stamp().is_none_or(|k| k.stamp != s);
+                if moved && w.wal.own_writes == w.wal.writes_at_checkpoint {
+                    // The file changed while we held the lock, but not by our writes.
+                    engine.invalidate_file(file);
                 }
+                file.accept_stamp(s);
             }
         }
+    }
+
+    /// One of our connections wrote the database file (a page, or a truncation).
+    pub fn wrote_file(&self) {
+        self.state.lock().wal.own_writes += 1;
     }
 
     /// We wrote the header: the counter in it is ours.
@@ -288,12 +369,37 @@ impl FileWatch {
         self.state.lock().header = Some(header);
     }
 
+    /// The change counter as we know it (the start of a write transaction).
+    pub fn counter(&self) -> Option<u32> {
+        self.state.lock().header.as_ref().map(counter)
+    }
+
     /// Our write transaction ends: its writes are ours, accept the file's stamp before the lock
-    /// they were made under is released.
-    pub fn wrote(&self, file: &FileHandle) {
-        let _w = self.state.lock();
+    /// they were made under is released. In rollback mode a commit (the counter moved from
+    /// `before`) is logged for the other bpe processes: the pages it wrote, and a truncation.
+    pub fn wrote(&self, file: &FileHandle, rollback_commit: Option<(u32, &[u64], Option<u64>)>) {
+        let mut w = self.state.lock();
         if let Ok(s) = file.stamp_now() {
             file.accept_stamp(s);
+        }
+        let Some((before, pages, truncated_to)) = rollback_commit else {
+            return;
+        };
+        let Some(after) = w.header.as_ref().map(counter) else {
+            return;
+        };
+        if after == before {
+            return; // rolled back, or no commit: the file holds what it held
+        }
+        let pos = w.log_pos;
+        let Some(log) = w.log(file) else {
+            return;
+        };
+        let (epoch, head) = (log.epoch(), log.head());
+        let new_head = log.append(before, after, pages, truncated_to);
+        // Our own record needs no reading back: we were current, so we stay current.
+        if pos.is_none_or(|p| p == (epoch, head)) {
+            w.log_pos = Some((epoch, new_head));
         }
     }
 }

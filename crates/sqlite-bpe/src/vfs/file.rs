@@ -43,6 +43,14 @@ pub struct Conn {
     lock: c_int,
     /// Written since the lock was last released: accept the stamp before releasing it.
     wrote: bool,
+    /// This write transaction so far (rollback mode), for the bpe processes' commit log: the
+    /// change counter when it began, the pages written, a truncation (in pages).
+    txn_before: Option<u32>,
+    txn_pages: Vec<u64>,
+    txn_truncated: Option<u64>,
+    /// Something was written that the page list cannot describe (a write that is not a page, a
+    /// page size change): the commit must not be logged, so that readers forget the whole file.
+    txn_unloggable: bool,
     /// Header bytes 24..40 read when the read transaction began, handed to SQLite's own read of
     /// the same bytes that follows, which then costs no second read.
     header: Option<[u8; 16]>,
@@ -67,6 +75,10 @@ impl Conn {
             shm0: std::ptr::null(),
             lock: SQLITE_LOCK_NONE,
             wrote: false,
+            txn_before: None,
+            txn_pages: Vec::new(),
+            txn_truncated: None,
+            txn_unloggable: false,
             header: None,
         })
     }
@@ -214,8 +226,8 @@ unsafe extern "C" fn close(f: *mut sqlite3_file) -> c_int {
             (*bf).conn = std::ptr::null_mut();
             let moved = conn.follow_fork();
             let rc = close_real(real(f));
-            if moved.is_ok() {
-                conn.engine.close_file(&conn.handle);
+            if moved.is_ok() && conn.engine.close_file(&conn.handle) {
+                conn.watch.closed();
             }
             rc
         }
@@ -267,15 +279,17 @@ unsafe extern "C" fn write(
     method!(f, SQLITE_IOERR_WRITE, "xWrite", |conn, real| {
         // SAFETY: buf has amt readable bytes.
         let data = unsafe { std::slice::from_raw_parts(buf as *const u8, amt as usize) };
-        conn.wrote = true;
+        conn.begin_writing();
         if page_shaped(amt, off) {
-            if conn.handle.page_size() != amt as usize
-                && conn
+            if conn.handle.page_size() != amt as usize {
+                conn.txn_unloggable = true;
+                if conn
                     .engine
                     .set_page_size(&conn.handle, amt as usize)
                     .is_err()
-            {
-                return SQLITE_IOERR_WRITE;
+                {
+                    return SQLITE_IOERR_WRITE;
+                }
             }
             let device = UnixFile(real);
             let page = off as u64 / amt as u64;
@@ -285,8 +299,10 @@ unsafe extern "C" fn write(
             {
                 return io_code(&e, SQLITE_IOERR_WRITE);
             }
+            conn.txn_pages.push(page);
         } else {
             // Not a page: write it as SQLite asked and forget what we cached of the file.
+            conn.txn_unloggable = true;
             let rc = unix!(real, xWrite, buf, amt, off);
             if rc != SQLITE_OK {
                 return rc;
@@ -308,7 +324,9 @@ unsafe extern "C" fn truncate(f: *mut sqlite3_file, size: i64) -> c_int {
         // is SQLite's to size. Pages past the size SQLite asked for are forgotten.
         let rc = unix!(real, xTruncate, size);
         if rc == SQLITE_OK {
-            conn.wrote = true;
+            conn.begin_writing();
+            let pages = (size as u64).div_ceil(conn.handle.page_size() as u64);
+            conn.txn_truncated = Some(conn.txn_truncated.map_or(pages, |t| t.min(pages)));
             conn.engine.truncated(&conn.handle, size as u64);
         }
         rc
@@ -359,8 +377,17 @@ unsafe extern "C" fn lock(f: *mut sqlite3_file, level: c_int) -> c_int {
 unsafe extern "C" fn unlock(f: *mut sqlite3_file, level: c_int) -> c_int {
     method!(f, SQLITE_IOERR_UNLOCK, "xUnlock", |conn, real| {
         if std::mem::take(&mut conn.wrote) {
-            // Our writes, accepted while still under the lock they were made under.
-            conn.watch.wrote(&conn.handle);
+            // Our writes, accepted (and in rollback mode logged for the other bpe processes)
+            // while still under the lock they were made under.
+            let pages = std::mem::take(&mut conn.txn_pages);
+            let truncated = conn.txn_truncated.take();
+            let loggable = conn.shm0.is_null() && !std::mem::take(&mut conn.txn_unloggable);
+            let commit = conn
+                .txn_before
+                .take()
+                .filter(|_| loggable)
+                .map(|before| (before, pages.as_slice(), truncated));
+            conn.watch.wrote(&conn.handle, commit);
         }
         let rc = unix!(real, xUnlock, level);
         if rc == SQLITE_OK {
@@ -517,6 +544,17 @@ unsafe extern "C" fn shm_lock(
 }
 
 impl Conn {
+    /// Notes that this lock period writes the file (the counter it started from, once).
+    fn begin_writing(&mut self) {
+        self.watch.wrote_file();
+        if !std::mem::replace(&mut self.wrote, true) {
+            self.txn_before = self.watch.counter();
+            self.txn_pages.clear();
+            self.txn_truncated = None;
+            self.txn_unloggable = false;
+        }
+    }
+
     fn wal_lock(&self, real: *mut sqlite3_file, locks: WalLocks, held: bool) {
         if self.shm0.is_null() {
             return;

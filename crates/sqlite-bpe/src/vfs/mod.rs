@@ -8,6 +8,7 @@
 
 mod change_detect;
 mod file;
+mod peer_log;
 mod unix_file;
 
 use crate::api;
@@ -27,6 +28,11 @@ fn unix() -> *mut sqlite3_vfs {
 
 thread_local! {
     static LAST_OPEN_ERROR: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// At exit: removes the commit logs (peer_log.rs) no other process uses.
+pub fn remove_peer_logs_at_exit() {
+    peer_log::remove_unused_at_exit();
 }
 
 /// Why the last `bpe` open on this thread failed, if our side refused it (SQLite only reports
