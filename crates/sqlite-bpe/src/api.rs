@@ -17,6 +17,9 @@ extern "C" {
     fn bpe_log(code: c_int, msg: *const c_char);
     fn bpe_malloc(n: c_int) -> *mut c_void;
     fn bpe_libversion_number() -> c_int;
+    fn bpe_mutex_alloc(id: c_int) -> *mut c_void;
+    fn bpe_mutex_try(m: *mut c_void) -> c_int;
+    fn bpe_mutex_leave(m: *mut c_void);
     fn bpe_create_function(
         db: *mut sqlite3,
         name: *const c_char,
@@ -85,6 +88,35 @@ pub fn auto_extension(
 pub fn libversion_number() -> c_int {
     // SAFETY: a plain query of the library.
     unsafe { bpe_libversion_number() }
+}
+
+/// SQLite's static mutexes (`SQLITE_MUTEX_STATIC_*`), taken with try-lock only: for the fork
+/// handlers, which must never block for good.
+pub mod static_mutex {
+    use super::*;
+
+    /// The static mutex `id`, or NULL where SQLite has no mutexes (single-threaded builds).
+    pub fn get(id: c_int) -> *mut c_void {
+        if !has_api() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: static mutexes are allocated once by SQLite and never freed.
+        unsafe { bpe_mutex_alloc(id) }
+    }
+
+    /// # Safety
+    /// `m` is a mutex from `get`.
+    pub unsafe fn try_enter(m: *mut c_void) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { bpe_mutex_try(m) == 0 }
+    }
+
+    /// # Safety
+    /// `m` was entered by this thread (or, in a forked child, by the thread that forked).
+    pub unsafe fn leave(m: *mut c_void) {
+        // SAFETY: forwarded contract.
+        unsafe { bpe_mutex_leave(m) }
+    }
 }
 
 pub fn log(code: c_int, msg: &str) {

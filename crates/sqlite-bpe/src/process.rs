@@ -14,11 +14,76 @@
 
 use crate::env_config::EnvConfig;
 use bpe_core::Engine;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::cell::UnsafeCell;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Once, OnceLock};
 
+/// A spin lock that a fork handler can release with a store (see the module comment). Held only
+/// for a few instructions, rarely (opens, operator statements), so spinning is cheap.
+struct ForkSafeLock<T> {
+    locked: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the value is only reached through a guard, which one thread holds at a time.
+unsafe impl<T: Send> Sync for ForkSafeLock<T> {}
+
+struct Guard<'a, T>(&'a ForkSafeLock<T>);
+
+impl<T> ForkSafeLock<T> {
+    const fn new(value: T) -> Self {
+        ForkSafeLock {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    fn try_lock(&self) -> Option<Guard<'_, T>> {
+        self.locked
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| Guard(self))
+    }
+
+    fn lock(&self) -> Guard<'_, T> {
+        loop {
+            if let Some(g) = self.try_lock() {
+                return g;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Releases a lock whose guard was forgotten (the fork handlers).
+    fn force_unlock(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+}
+
+impl<T> std::ops::Deref for Guard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the guard holds the lock.
+        unsafe { &*self.0.value.get() }
+    }
+}
+
+impl<T> std::ops::DerefMut for Guard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the guard holds the lock exclusively.
+        unsafe { &mut *self.0.value.get() }
+    }
+}
+
+impl<T> Drop for Guard<'_, T> {
+    fn drop(&mut self) {
+        self.0.force_unlock();
+    }
+}
+
 /// The engine of the current generation, and the pid that created it.
-static SLOT: parking_lot::Mutex<Option<(u64, i32, Arc<Engine>)>> = parking_lot::Mutex::new(None);
+static SLOT: ForkSafeLock<Option<(u64, i32, Arc<Engine>)>> = ForkSafeLock::new(None);
 /// Bumped in every forked child.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 /// The extension file's descriptor of the engine at fork time (closed in the child).
@@ -85,21 +150,62 @@ fn install_hooks() {
     });
 }
 
+/// SQLite's static mutexes held across a fork, in the order they are taken: SQLite nests its
+/// allocator's innermost, so it comes last (`SQLITE_MUTEX_STATIC_*`: OPEN, PRNG, MAIN, VFS1-3,
+/// LRU, PMEM, MEM).
+const SQLITE_STATIC_MUTEXES: [i32; 9] = [4, 5, 2, 11, 12, 13, 6, 7, 3];
+static HELD: [AtomicPtr<c_void>; 9] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 9];
+/// How long the prepare handler tries for SQLite's mutexes before forking without them.
+const MUTEX_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Takes SQLite's static mutexes (try-lock, until the deadline); on failure none is held.
+fn hold_sqlite_mutexes() {
+    let deadline = std::time::Instant::now() + MUTEX_DEADLINE;
+    for (i, &id) in SQLITE_STATIC_MUTEXES.iter().enumerate() {
+        let m = crate::api::static_mutex::get(id);
+        if m.is_null() {
+            continue;
+        }
+        // SAFETY: a static mutex of the SQLite we serve.
+        while !unsafe { crate::api::static_mutex::try_enter(m) } {
+            if std::time::Instant::now() >= deadline {
+                release_sqlite_mutexes();
+                return;
+            }
+            std::thread::yield_now();
+        }
+        HELD[i].store(m, Ordering::Relaxed);
+    }
+}
+
+fn release_sqlite_mutexes() {
+    for held in HELD.iter().rev() {
+        let m = held.swap(std::ptr::null_mut(), Ordering::Relaxed);
+        if !m.is_null() {
+            // SAFETY: entered by hold_sqlite_mutexes on this thread (in a child: the thread that
+            // forked, its only one).
+            unsafe { crate::api::static_mutex::leave(m) };
+        }
+    }
+}
+
 extern "C" fn before_fork() {
-    // Held across fork, so that no other thread holds it at that moment; the child then
-    // starts with it unlocked (released in both handlers below).
+    // Held across fork, so that no other thread holds them at that moment; the child then
+    // starts with them free (released in both handlers below).
     let slot = SLOT.lock();
     let fd = slot.as_ref().map_or(-1, |(_, _, e)| e.extension_raw_fd());
     EXTENSION_FD.store(fd, Ordering::Relaxed);
     std::mem::forget(slot);
+    hold_sqlite_mutexes();
 }
 
 extern "C" fn after_fork_parent() {
-    // SAFETY: locked by before_fork on this very thread, its guard forgotten.
-    unsafe { SLOT.force_unlock() };
+    release_sqlite_mutexes();
+    SLOT.force_unlock();
 }
 
 extern "C" fn after_fork_child() {
+    release_sqlite_mutexes();
     GENERATION.fetch_add(1, Ordering::AcqRel);
     let fd = EXTENSION_FD.swap(-1, Ordering::Relaxed);
     if fd >= 0 {
@@ -107,8 +213,7 @@ extern "C" fn after_fork_child() {
         // uses it (the parent's engine is never touched again here).
         unsafe { libc::close(fd) };
     }
-    // SAFETY: locked by before_fork in the parent on this thread, which is the child's only one.
-    unsafe { SLOT.force_unlock() };
+    SLOT.force_unlock();
 }
 
 extern "C" fn remove_extension_at_exit() {

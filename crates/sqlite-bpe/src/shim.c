@@ -16,6 +16,9 @@ int bpe_auto_extension(void (*entry)(void)) { return sqlite3_auto_extension(entr
 void bpe_log(int code, const char *msg) { sqlite3_log(code, "%s", msg); }
 void *bpe_malloc(int n) { return sqlite3_malloc(n); }
 int bpe_libversion_number(void) { return sqlite3_libversion_number(); }
+sqlite3_mutex *bpe_mutex_alloc(int id) { return sqlite3_mutex_alloc(id); }
+int bpe_mutex_try(sqlite3_mutex *m) { return sqlite3_mutex_try(m); }
+void bpe_mutex_leave(sqlite3_mutex *m) { sqlite3_mutex_leave(m); }
 
 int bpe_create_function(sqlite3 *db, const char *name, int nargs, void *app,
                         void (*fn)(sqlite3_context *, int, sqlite3_value **)) {
