@@ -361,6 +361,12 @@ unsafe extern "C" fn lock(f: *mut sqlite3_file, level: c_int) -> c_int {
             // A read transaction begins (rollback mode, or WAL without a mapped wal-index).
             let mut header = [0u8; 16];
             let read = unix!(real, xRead, header.as_mut_ptr() as *mut c_void, 16, 24);
+            if read != SQLITE_OK && read != SQLITE_IOERR_SHORT_READ {
+                // The check could not be made: the read transaction cannot begin (as it could
+                // not if SQLite's own read of these bytes failed).
+                unix!(real, xUnlock, SQLITE_LOCK_NONE);
+                return read;
+            }
             let header = (read == SQLITE_OK).then_some(header);
             let stamp = conn.handle.stamp_now().ok();
             conn.watch
