@@ -17,7 +17,6 @@ pub mod page;
 /// Public for the replacement-policy study (tools/policy-study), which drives L1 on traces.
 pub mod pool;
 mod readahead;
-pub mod statements;
 /// The ranked locks, for clients that keep per-file state under the engine's lock order.
 pub mod sync;
 

@@ -3,8 +3,6 @@
 //!
 //! Nothing here touches SQLite, so all of it is tested as plain text.
 
-use bpe_core::statements;
-
 /// SQL Server's DMV names and the adapter's tables that answer them.
 const DMVS: [(&str, &str); 3] = [
     ("sys.dm_os_performance_counters", "bpe_performance_counters"),
@@ -243,7 +241,7 @@ fn operator_lines(lines: &[&str]) -> Option<usize> {
     let mut best = None;
     for (n, line) in lines.iter().take(MAX_OPERATOR_LINES).enumerate() {
         text.push_str(line);
-        if matches!(statements::parse(&text), Ok(s) if !s.is_empty()) {
+        if matches!(bpe_tsql::parse(&text), Ok(s) if !s.is_empty()) {
             best = Some(n + 1);
         }
     }

@@ -15,8 +15,8 @@
 //! machine cannot give right now (its path is taken, the disk is full) leaves the VFS working
 //! without it, with the reason in `sqlite3_log` and the extension's `last_failure`.
 
-use bpe_core::statements::{self, Statement};
 use bpe_core::{check_extension_size, check_max_memory, Config, DeviceEmulation, Engine};
+use bpe_tsql::Statement;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -135,7 +135,7 @@ impl EnvConfig {
             path: path.clone(),
             size_bytes: *size,
         };
-        if let Err(e) = statements::run_statements(engine, &[on]) {
+        if let Err(e) = bpe_tsql::run_statements(engine, &[on]) {
             let reason = format!("BPE_EXTENSION_FILE: {e}");
             crate::api::log(libsqlite3_sys::SQLITE_WARNING, &reason);
             engine.note_extension_failure(reason);

@@ -37,7 +37,7 @@ unsafe fn bpe_exec_inner(ctx: *mut sqlite3_context, argc: c_int, argv: *mut *mut
     let Some(text) = text else {
         return ctx.error("bpe_exec: the statement is NULL or not text");
     };
-    match bpe_core::statements::run(&crate::engine(), &text) {
+    match bpe_tsql::run(&crate::engine(), &text) {
         Ok(status) => ctx.text(&status),
         Err(e) => ctx.error(&e.to_string()),
     }

@@ -10,7 +10,7 @@
 //! | `PRAGMA bpe_drop_clean_buffers` | empty both tiers (DBCC DROPCLEANBUFFERS) |
 
 use crate::env_config::parse_size;
-use bpe_core::statements::{run_statements, Statement};
+use bpe_tsql::{run_statements, Statement};
 
 /// Runs a bpe PRAGMA. None: not ours (SQLite handles it); Some(Ok(text)) / Some(Err(message)).
 pub fn run(name: &str, value: Option<&str>) -> Option<Result<String, String>> {

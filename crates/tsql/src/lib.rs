@@ -1,4 +1,6 @@
-//! SQL Server's operator statements, engine-agnostic: parsed here, carried out on an [`Engine`].
+//! SQL Server's operator statements for sqlite-bpe: parsed here, carried out on a [`bpe_core`]
+//! [`Engine`]. The core knows nothing of this language; its errors are plain, and this crate
+//! words them as SQL Server does (error 868 as `Msg 868`).
 //!
 //! ```text
 //! ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '/ssd/x.bpe', SIZE = 4 GB)
@@ -32,9 +34,11 @@
 mod lex;
 mod parser;
 
-use crate::engine::{check_extension_size, check_max_memory, effective_extension_size};
-use crate::extension::initial_index_bytes;
-use crate::{Engine, Error, ExtensionState, Settings};
+use bpe_core::extension::initial_index_bytes;
+use bpe_core::{
+    check_extension_size, check_max_memory, effective_extension_size, Engine, Error,
+    ExtensionState, Settings,
+};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -209,7 +213,7 @@ pub fn validate(engine: &Engine, statements: &[Statement]) -> Result<(), (usize,
     let current_path = plan.extension.as_ref().map(|e| e.0.clone());
     let mut turned_off = false;
     for (i, statement) in statements.iter().enumerate() {
-        let mut step = |plan: &mut Settings| -> crate::Result<()> {
+        let mut step = |plan: &mut Settings| -> bpe_core::Result<()> {
             match statement {
                 Statement::ExtensionOn { path, size_bytes } => {
                     let size = *size_bytes;
@@ -261,7 +265,7 @@ pub fn validate(engine: &Engine, statements: &[Statement]) -> Result<(), (usize,
 }
 
 /// Carries out one statement; returns its status line.
-pub fn execute(engine: &Engine, statement: &Statement) -> crate::Result<String> {
+pub fn execute(engine: &Engine, statement: &Statement) -> bpe_core::Result<String> {
     Ok(match statement {
         Statement::ExtensionOn { path, size_bytes } => extension_on(engine, path, *size_bytes)?,
         Statement::ExtensionOff => {
@@ -297,7 +301,7 @@ pub fn execute(engine: &Engine, statement: &Statement) -> crate::Result<String> 
     })
 }
 
-fn extension_on(engine: &Engine, path: &Path, size: u64) -> crate::Result<String> {
+fn extension_on(engine: &Engine, path: &Path, size: u64) -> bpe_core::Result<String> {
     let status = engine.extension_status();
     if status.state == ExtensionState::Enabled && status.path.as_deref() == Some(path) {
         // The core rounds the size down to whole regions.

@@ -1,6 +1,6 @@
 //! Tokens of T-SQL, as much of it as the operator statements need.
 
-use super::StatementError;
+use crate::StatementError;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Kind {
@@ -88,7 +88,7 @@ pub fn tokens(text: &str) -> Result<Vec<Token>, StatementError> {
                 let Some(end) = end.map(|e| i + e) else {
                     return Err(StatementError::Syntax {
                         line,
-                        near: crate::statements::excerpt(&slice(i, chars.len())),
+                        near: crate::excerpt(&slice(i, chars.len())),
                         expected: "']' closing the identifier".into(),
                     });
                 };
@@ -140,7 +140,7 @@ fn string(chars: &[char], i: &mut usize, line: &mut usize) -> Result<String, Sta
             None => {
                 return Err(StatementError::UnclosedQuote {
                     line: start_line,
-                    text: crate::statements::excerpt(&value),
+                    text: crate::excerpt(&value),
                 })
             }
             Some('\'') if chars.get(*i + 1) == Some(&'\'') => {

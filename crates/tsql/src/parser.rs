@@ -1,7 +1,7 @@
 //! The statements' grammar: a hand-written recursive-descent parser over [`lex`] tokens.
 
-use super::lex::{self, Kind, Token};
-use super::{excerpt, Statement, StatementError, ADVANCED_OPTION, KB, MAX_MEMORY_OPTION, MB};
+use crate::lex::{self, Kind, Token};
+use crate::{excerpt, Statement, StatementError, ADVANCED_OPTION, KB, MAX_MEMORY_OPTION, MB};
 use std::path::{Path, PathBuf};
 
 pub(super) fn parse(text: &str) -> Result<Vec<Statement>, StatementError> {

@@ -3,8 +3,8 @@
 
 mod common;
 
-use bpe_core::statements::{parse, run, Statement, StatementError};
 use bpe_core::{Config, Engine, ExtensionState};
+use bpe_tsql::{parse, run, Statement, StatementError};
 use common::{make_file, read, tempdir, PAGE};
 use proptest::prelude::*;
 use std::path::PathBuf;
