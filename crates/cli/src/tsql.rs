@@ -1,7 +1,12 @@
 //! The shell's reading of input: `GO [n]` lines, complete statements, the split of a batch into
 //! operator statements (for `bpe_exec`) and SQLite statements, and the DMV names.
 //!
-//! Nothing here touches SQLite, so all of it is tested as plain text.
+//! Nothing here touches SQLite, so all of it is tested as plain text. The text is read with the
+//! operator language's one tokenizer ([`bpe_tsql::lex`]), which also gives `GO` lines and blank
+//! text.
+
+pub use bpe_tsql::lex::{go_count, is_blank};
+use bpe_tsql::lex::{scan, PieceKind};
 
 /// SQL Server's DMV names and the adapter's tables that answer them.
 const DMVS: [(&str, &str); 3] = [
@@ -16,26 +21,6 @@ const DMVS: [(&str, &str); 3] = [
 /// An operator statement never spans more lines than this; the search for its end stops here.
 const MAX_OPERATOR_LINES: usize = 64;
 
-/// `GO` or `GO n` alone on a line (a trailing `--` comment allowed), as sqlcmd reads it.
-/// `Some(Err)` for a GO line with a bad count.
-pub fn go_count(line: &str) -> Option<Result<u64, String>> {
-    let code = line.split("--").next().unwrap_or("").trim();
-    let mut words = code.split_whitespace();
-    if !words.next()?.eq_ignore_ascii_case("go") {
-        return None;
-    }
-    let count = match (words.next(), words.next()) {
-        (None, _) => Ok(1),
-        (Some(n), None) => match n.parse::<u64>() {
-            Ok(0) => Err("GO count must be at least 1".to_string()),
-            Ok(n) => Ok(n),
-            Err(_) => Err(format!("GO count '{n}' is not a whole number")),
-        },
-        _ => Err(format!("a GO line takes at most one count: '{code}'")),
-    };
-    Some(count)
-}
-
 /// One part of a batch, ready to run.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Part {
@@ -43,80 +28,6 @@ pub enum Part {
     Operator(String),
     /// SQLite statements, DMV names already rewritten.
     Sql(String),
-}
-
-/// A lexical piece of SQL text, enough to find statement ends and rewrite names safely.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Piece {
-    Word,
-    /// A string, quoted identifier or comment: never split or rewritten inside.
-    Opaque,
-    Semicolon,
-    Other,
-}
-
-/// (piece, start, end) byte ranges covering the text; an unterminated quote or comment runs to
-/// the end of the text.
-fn pieces(text: &str) -> Vec<(Piece, usize, usize)> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < bytes.len() {
-        let start = i;
-        let find = |from: usize, pat: &str| text[from..].find(pat).map(|p| from + p);
-        let piece = match bytes[i] {
-            b'\'' | b'"' | b'`' | b'[' => {
-                let close = match bytes[i] {
-                    b'[' => b']',
-                    q => q,
-                };
-                i += 1;
-                // A doubled quote inside stands for one quote.
-                loop {
-                    match bytes.get(i) {
-                        None => break,
-                        Some(&c)
-                            if c == close && bytes.get(i + 1) == Some(&close) && close != b']' =>
-                        {
-                            i += 2
-                        }
-                        Some(&c) if c == close => {
-                            i += 1;
-                            break;
-                        }
-                        Some(_) => i += 1,
-                    }
-                }
-                Piece::Opaque
-            }
-            b'-' if bytes.get(i + 1) == Some(&b'-') => {
-                i = find(i, "\n").unwrap_or(bytes.len());
-                Piece::Opaque
-            }
-            b'/' if bytes.get(i + 1) == Some(&b'*') => {
-                i = find(i + 2, "*/").map_or(bytes.len(), |p| p + 2);
-                Piece::Opaque
-            }
-            b';' => {
-                i += 1;
-                Piece::Semicolon
-            }
-            c if c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80 => {
-                while i < bytes.len()
-                    && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_' || bytes[i] >= 0x80)
-                {
-                    i += 1;
-                }
-                Piece::Word
-            }
-            _ => {
-                i += 1;
-                Piece::Other
-            }
-        };
-        out.push((piece, start, i));
-    }
-    out
 }
 
 /// Splits `text` after each `;` that ends a statement (as sqlite3_complete sees it: inside
@@ -127,23 +38,19 @@ pub fn split_statements(text: &str) -> (Vec<&str>, &str) {
     let mut start = 0;
     let mut words: Vec<&str> = Vec::new(); // the current statement's first words, and its last
     let mut last_word = "";
-    for (piece, a, b) in pieces(text) {
-        match piece {
-            Piece::Word => {
-                if words.len() < 3 {
-                    words.push(&text[a..b]);
-                }
-                last_word = &text[a..b];
+    for piece in scan(text) {
+        if piece.is_word_or_number() {
+            if words.len() < 3 {
+                words.push(piece.text(text));
             }
-            Piece::Semicolon => {
-                if !is_trigger(&words) || last_word.eq_ignore_ascii_case("end") {
-                    done.push(&text[start..b]);
-                    start = b;
-                    words.clear();
-                    last_word = "";
-                }
-            }
-            Piece::Opaque | Piece::Other => {}
+            last_word = piece.text(text);
+        } else if piece.kind == PieceKind::Punct(';')
+            && (!is_trigger(&words) || last_word.eq_ignore_ascii_case("end"))
+        {
+            done.push(&text[start..piece.end]);
+            start = piece.end;
+            words.clear();
+            last_word = "";
         }
     }
     (done, &text[start..])
@@ -164,26 +71,14 @@ pub fn is_complete(text: &str) -> bool {
     !done.is_empty() && is_blank(rest)
 }
 
-/// Only whitespace, comments and empty statements (`;`).
-pub fn is_blank(text: &str) -> bool {
-    pieces(text).iter().all(|&(piece, a, b)| {
-        let s = &text[a..b];
-        match piece {
-            Piece::Semicolon => true,
-            Piece::Opaque => s.starts_with("--") || s.starts_with("/*"),
-            Piece::Word | Piece::Other => s.trim().is_empty(),
-        }
-    })
-}
-
 /// Does this line begin an operator statement (ALTER SERVER, EXEC, sp_configure, RECONFIGURE,
 /// DBCC)? `ALTER TABLE` and the like are SQLite's.
 fn starts_operator(line: &str) -> bool {
-    let words: Vec<String> = pieces(line)
-        .into_iter()
-        .filter(|p| p.0 == Piece::Word)
+    let words: Vec<String> = scan(line)
+        .iter()
+        .filter(|p| p.is_word_or_number())
         .take(2)
-        .map(|(_, a, b)| line[a..b].to_ascii_lowercase())
+        .map(|p| p.text(line).to_ascii_lowercase())
         .collect();
     let first = words.first().map(String::as_str).unwrap_or("");
     match first {
@@ -259,15 +154,17 @@ fn flush_sql(sql: &mut String, parts: &mut Vec<Part>) {
 /// comments.
 pub fn rewrite_dmv_names(sql: &str) -> String {
     let mut out = String::with_capacity(sql.len());
-    let all = pieces(sql);
+    let all = scan(sql);
     let mut i = 0;
     while i < all.len() {
-        let (piece, a, b) = all[i];
         // `sys` `.` `dm_os_...` as three pieces.
-        if piece == Piece::Word && sql[a..b].eq_ignore_ascii_case("sys") && i + 2 < all.len() {
-            let (dot, name) = (all[i + 1], all[i + 2]);
-            if &sql[dot.1..dot.2] == "." && name.0 == Piece::Word {
-                let full = format!("sys.{}", &sql[name.1..name.2]).to_ascii_lowercase();
+        if let [sys, dot, name, ..] = &all[i..] {
+            if sys.kind == PieceKind::Word
+                && sys.text(sql).eq_ignore_ascii_case("sys")
+                && dot.kind == PieceKind::Punct('.')
+                && name.kind == PieceKind::Word
+            {
+                let full = format!("sys.{}", name.text(sql)).to_ascii_lowercase();
                 if let Some((_, table)) = DMVS.iter().find(|(dmv, _)| *dmv == full) {
                     out.push_str(table);
                     i += 3;
@@ -275,7 +172,7 @@ pub fn rewrite_dmv_names(sql: &str) -> String {
                 }
             }
         }
-        out.push_str(&sql[a..b]);
+        out.push_str(all[i].text(sql));
         i += 1;
     }
     out

@@ -30,8 +30,11 @@
 //!   at another path it is refused. `OFF` while it is disabled does nothing.
 //!
 //! Errors carry SQL Server's error number where SQL Server has one for the same problem.
+//!
+//! [`lex`] is the project's one tokenizer of SQL text: the parser reads its tokens, and the
+//! shell splits its input into batches and statements with it.
 
-mod lex;
+pub mod lex;
 mod parser;
 
 use bpe_core::extension::initial_index_bytes;
