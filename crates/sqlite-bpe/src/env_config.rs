@@ -45,35 +45,10 @@ fn flag(name: &str, value: &str) -> Result<bool, String> {
     }
 }
 
-/// Parses a size such as `4GB`, `512 MB`, `64KB` (unit required; binary units).
+/// A size such as `4GB` or `512 MB` ([`bpe_tsql::parse_size`], as `SIZE =` reads it); the error
+/// names the setting.
 pub fn parse_size(name: &str, value: &str) -> Result<u64, String> {
-    let v = value.trim().to_ascii_uppercase();
-    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (digits, unit) = v.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| {
-        format!("{name}={value:?}: expected a whole number followed by KB, MB or GB")
-    })?;
-    let mult: u64 = match unit.trim() {
-        "KB" => 1 << 10,
-        "MB" => 1 << 20,
-        "GB" => 1 << 30,
-        "TB" => 1 << 40,
-        "" => {
-            return Err(format!(
-                "{name}={value:?}: the unit is missing (KB, MB or GB)"
-            ))
-        }
-        u => {
-            return Err(format!(
-                "{name}={value:?}: unknown unit {u:?} (KB, MB or GB)"
-            ))
-        }
-    };
-    match n.checked_mul(mult) {
-        Some(0) => Err(format!("{name}={value:?}: the size must be greater than 0")),
-        Some(b) => Ok(b),
-        None => Err(format!("{name}={value:?}: the size overflows")),
-    }
+    bpe_tsql::parse_size(value).map_err(|e| format!("{name}={value:?}: {e}"))
 }
 
 impl EnvConfig {

@@ -17,7 +17,8 @@
 //!   between tokens. Statements are self-delimiting as in T-SQL, so `;` and line breaks between
 //!   them are optional. `GO` is the client's batch separator, not a statement: it is refused here.
 //! - `SIZE` needs a unit, as in SQL Server: KB, MB, GB or TB (binary: 1 KB = 1024 bytes). The
-//!   number is a whole number above 0; the product must fit in 64 bits.
+//!   number is a whole number above 0, without a sign; the product must fit in 64 bits. The
+//!   same [`parse_size`] reads the sizes of the adapter's PRAGMA and environment variables.
 //! - `FILENAME` is an absolute path in single quotes (`''` for a quote inside).
 //! - `max server memory (MB)` is a whole number of megabytes above 0, and takes effect at once
 //!   (this engine has no pending configuration, so `RECONFIGURE` is accepted and changes nothing).
@@ -36,17 +37,18 @@
 
 pub mod lex;
 mod parser;
+pub mod size;
 
 use bpe_core::extension::initial_index_bytes;
 use bpe_core::{
     check_extension_size, check_max_memory, effective_extension_size, Engine, Error,
     ExtensionState, Settings,
 };
+use size::{in_largest_unit, MB};
+pub use size::{parse_size, SizeError};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-const KB: u64 = 1 << 10;
-const MB: u64 = 1 << 20;
 const MAX_MEMORY_OPTION: &str = "max server memory (MB)";
 const ADVANCED_OPTION: &str = "show advanced options";
 
@@ -171,12 +173,8 @@ fn execution_message(e: &Error) -> String {
 
 /// `4 GB`, `1536 KB`, `12345 bytes`: the largest unit that divides the value.
 pub fn human_bytes(bytes: u64) -> String {
-    for (unit, name) in [(KB << 30, "TB"), (KB << 20, "GB"), (MB, "MB"), (KB, "KB")] {
-        if bytes >= unit && bytes.is_multiple_of(unit) {
-            return format!("{} {name}", bytes / unit);
-        }
-    }
-    format!("{bytes} bytes")
+    let (n, unit) = in_largest_unit(bytes);
+    format!("{n} {unit}")
 }
 
 /// Parses every statement of `text` and carries them out in order; returns one status line
@@ -347,11 +345,8 @@ impl fmt::Display for Statement {
         match self {
             Statement::ExtensionOn { path, size_bytes } => {
                 let path = path.to_string_lossy().replace('\'', "''");
-                let (n, unit) = [(KB << 30, "TB"), (KB << 20, "GB"), (MB, "MB"), (KB, "KB")]
-                    .into_iter()
-                    .find(|(u, _)| size_bytes.is_multiple_of(*u))
-                    .map_or((*size_bytes, "bytes"), |(u, name)| (size_bytes / u, name));
-                write!(f, "{ALTER} ON (FILENAME = '{path}', SIZE = {n} {unit})")
+                let size = human_bytes(*size_bytes);
+                write!(f, "{ALTER} ON (FILENAME = '{path}', SIZE = {size})")
             }
             Statement::ExtensionOff => write!(f, "{ALTER} OFF"),
             Statement::MaxServerMemory { megabytes } => {

@@ -1,7 +1,8 @@
 //! The statements' grammar: a hand-written recursive-descent parser over [`lex`] tokens.
 
 use crate::lex::{self, Kind, Token};
-use crate::{excerpt, Statement, StatementError, ADVANCED_OPTION, KB, MAX_MEMORY_OPTION, MB};
+use crate::size::{parse_size, MB};
+use crate::{excerpt, Statement, StatementError, ADVANCED_OPTION, MAX_MEMORY_OPTION};
 use std::path::{Path, PathBuf};
 
 pub(super) fn parse(text: &str) -> Result<Vec<Statement>, StatementError> {
@@ -195,11 +196,17 @@ impl Parser {
         Ok(PathBuf::from(path))
     }
 
-    /// `<n> KB|MB|GB|TB`: a whole number above 0 with a unit, fitting in 64 bits of bytes.
+    /// `<n> KB|MB|GB|TB`, as [`parse_size`] reads it; blanks and comments may stand between the
+    /// number and its unit, as between any tokens.
     fn size(&mut self) -> Result<u64, StatementError> {
         let line = self.peek().map_or(1, |t| t.line);
-        let negative = self.eat('-');
-        let plus = !negative && self.eat('+');
+        let sign = if self.eat('-') {
+            "-"
+        } else if self.eat('+') {
+            "+"
+        } else {
+            ""
+        };
         let Some(Token {
             kind: Kind::Number(digits),
             ..
@@ -211,50 +218,16 @@ impl Parser {
         let unit = match self.peek().map(|t| t.kind.clone()) {
             Some(Kind::Word(w)) => {
                 self.pos += 1;
-                Some(w)
+                format!(" {w}")
             }
-            _ => None,
+            _ => String::new(),
         };
-        let written = format!(
-            "{}{digits}{}",
-            if negative {
-                "-"
-            } else if plus {
-                "+"
-            } else {
-                ""
-            },
-            unit.as_deref().map_or(String::new(), |u| format!(" {u}"))
-        );
-        let bad = |reason: &str| StatementError::BadSize {
+        let written = format!("{sign}{digits}{unit}");
+        parse_size(&written).map_err(|e| StatementError::BadSize {
             line,
-            text: written.clone(),
-            reason: reason.into(),
-        };
-        if negative {
-            return Err(bad("the size must be positive"));
-        }
-        if digits.contains('.') {
-            return Err(bad("the size must be a whole number (use a smaller unit)"));
-        }
-        let Some(unit) = unit else {
-            return Err(bad(
-                "a unit is required: KB, MB, GB or TB (as in SIZE = 4 GB)",
-            ));
-        };
-        let multiplier = match unit.to_ascii_uppercase().as_str() {
-            "KB" => KB,
-            "MB" => MB,
-            "GB" => KB << 20,
-            "TB" => KB << 30,
-            _ => return Err(bad("unknown unit: use KB, MB, GB or TB")),
-        };
-        let too_large = || bad("the size is too large");
-        let n: u64 = digits.parse().map_err(|_| too_large())?;
-        if n == 0 {
-            return Err(bad("the size must be greater than 0"));
-        }
-        n.checked_mul(multiplier).ok_or_else(too_large)
+            reason: e.to_string(),
+            text: written,
+        })
     }
 
     fn dbcc(&mut self) -> Result<Statement, StatementError> {

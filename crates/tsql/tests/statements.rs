@@ -164,6 +164,7 @@ fn bad_sizes_are_refused_naming_the_problem() {
     let size = |s: &str| alter_on(&format!("FILENAME = '/ssd/a.bpe', SIZE = {s}"));
     assert_names(&size("0 GB"), &["SIZE '0 GB'", "greater than 0"]);
     assert_names(&size("-1 GB"), &["SIZE '-1 GB'", "positive"]);
+    assert_names(&size("+1 GB"), &["SIZE '+1 GB'", "no sign"]);
     assert_names(&size("99999999999999999999 GB"), &["too large"]);
     assert_names(&size("16777216 TB"), &["SIZE '16777216 TB'", "too large"]);
     assert_names(&size("4"), &["SIZE '4'", "unit is required"]);
