@@ -28,6 +28,7 @@ pub struct EngineEnv<'a> {
     pub device: Option<&'a DataDevice>,
 }
 
+/// The configuration this process runs, if it is a configuration's process.
 pub fn spec_from_env() -> Option<ChildSpec> {
     let s = std::env::var(CHILD_ENV).ok()?;
     Some(serde_json::from_str(&s).expect("BPE_BENCH_CHILD holds a configuration"))
@@ -80,15 +81,8 @@ pub fn run_config<C: Serialize>(
     Ok(serde_json::from_str(&text)?)
 }
 
-/// The child's side: runs the configuration and writes its results for the parent.
-pub fn run(spec: ChildSpec) -> anyhow::Result<()> {
-    let results = match spec.bench.as_str() {
-        "lookup" => crate::lookup::child(spec.config, spec.sample_ms)?,
-        "scan" => crate::scan::child(spec.config, spec.sample_ms)?,
-        "oltp" => crate::tpcc::child(spec.config, spec.sample_ms)?,
-        "dw" => crate::tpch::child(spec.config, spec.sample_ms)?,
-        other => bail!("unknown benchmark {other}"),
-    };
-    std::fs::write(&spec.result, serde_json::to_vec(&results)?)?;
+/// The child's side, after running its configuration: hands the results to the parent.
+pub fn write_results(spec: &ChildSpec, results: &[ConfigResult]) -> anyhow::Result<()> {
+    std::fs::write(&spec.result, serde_json::to_vec(results)?)?;
     Ok(())
 }

@@ -25,22 +25,50 @@ mod storage;
 mod tpcc;
 mod tpch;
 
-pub use args::{BenchArgs, Experiment};
+pub use args::{BenchArgs, CommonArgs, Experiment};
 pub use report::{BenchReport, ConfigResult};
 
 /// Runs one benchmark (or, in a child process, one configuration of it).
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    if let Some(spec) = child::spec_from_env() {
-        return child::run(spec);
+    if let Some(done) = run_child() {
+        return done;
     }
-    match args.experiment {
-        Experiment::Lookup(a) => lookup::run(a),
-        Experiment::Scan(a) => scan::run(a),
-        Experiment::Oltp(a) => tpcc::run(a),
-        Experiment::Dw(a) => tpch::run(a),
+    let (report, common) = match &args.experiment {
+        Experiment::Lookup(a) => (lookup::run(a)?, &a.common),
+        Experiment::Scan(a) => (scan::run(a)?, &a.common),
+        Experiment::Oltp(a) => (tpcc::run(a)?, &a.common),
+        Experiment::Dw(a) => (tpch::run(a)?, &a.common),
         Experiment::Plot(a) => {
             let report: BenchReport = serde_json::from_slice(&std::fs::read(&a.json)?)?;
-            plot::draw(&report, &a.out)
+            return plot::draw(&report, &a.out);
         }
+    };
+    write_outputs(&report, common)
+}
+
+/// In a configuration's process (see [`child`]): runs the configuration, hands its results to
+/// the parent and returns how that went. None in any other process.
+pub fn run_child() -> Option<anyhow::Result<()>> {
+    let spec = child::spec_from_env()?;
+    let results = match spec.bench.as_str() {
+        "lookup" => lookup::child(spec.config.clone(), spec.sample_ms),
+        "scan" => scan::child(spec.config.clone(), spec.sample_ms),
+        "oltp" => tpcc::child(spec.config.clone(), spec.sample_ms),
+        "dw" => tpch::child(spec.config.clone(), spec.sample_ms),
+        other => Err(anyhow::anyhow!("unknown benchmark {other}")),
+    };
+    Some(results.and_then(|r| child::write_results(&spec, &r)))
+}
+
+/// Writes the report as JSON (--json) and draws it (--plot) where asked.
+pub fn write_outputs(report: &BenchReport, common: &CommonArgs) -> anyhow::Result<()> {
+    if let Some(path) = &common.json {
+        std::fs::write(path, serde_json::to_string_pretty(report)?)?;
+        eprintln!("results written to {}", path.display());
     }
+    if let Some(path) = &common.plot {
+        plot::draw(report, path)?;
+        eprintln!("plot written to {}", path.display());
+    }
+    Ok(())
 }

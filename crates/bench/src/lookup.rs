@@ -58,7 +58,8 @@ struct ChildConfig {
     extension: Option<(PathBuf, u64)>,
 }
 
-pub fn run(a: LookupArgs) -> anyhow::Result<()> {
+/// Runs the benchmark and prints its results; returns them.
+pub fn run(a: &LookupArgs) -> anyhow::Result<BenchReport> {
     let c = &a.common;
     let quick = c.quick;
     let rows = a.rows.unwrap_or(if quick { 40_000 } else { 1_000_000 });
@@ -126,7 +127,7 @@ pub fn run(a: LookupArgs) -> anyhow::Result<()> {
     }
     report.summary = summarize(&report, lookups);
     print_results(&report);
-    report.finish(c)
+    Ok(report)
 }
 
 /// Creates the table unless a complete one with `rows` rows is there (loading is not timed).
@@ -180,7 +181,7 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
             Ok(json!({}))
         })?;
         sp.finish_and_clear();
-        details["warm"] = fill_summary(&warm);
+        details["warm"] = warm.fill_summary();
     }
     let ops = Arc::new(AtomicU64::new(0));
     let before = db::snapshot();
@@ -216,31 +217,6 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         series,
         details,
     }])
-}
-
-/// How the extension filled during a phase: volume, sequential share, write bandwidth (mean over
-/// the phase and the best sampling interval).
-pub fn fill_summary(c: &ConfigResult) -> serde_json::Value {
-    let k = &c.counters;
-    let slot = 4096.0;
-    let peak = c
-        .series
-        .iter()
-        .map(|s| s.ext_page_writes_per_s)
-        .fold(0.0, f64::max)
-        * slot
-        / 1048576.0;
-    json!({
-        "seconds": c.seconds,
-        "page_reads": k.page_reads,
-        "readahead_pages": k.readahead_pages,
-        "ext_page_writes": k.ext_page_writes,
-        "ext_bytes_written": k.ext_bytes_written,
-        "ext_sequential_write_percent": k.ext_sequential_write_percent,
-        "ext_admissions_dropped": k.ext_admissions_dropped,
-        "ext_write_mb_s_mean": k.ext_bytes_written as f64 / 1048576.0 / c.seconds,
-        "ext_write_mb_s_peak": peak,
-    })
 }
 
 fn summarize(r: &BenchReport, lookups: u64) -> serde_json::Value {
@@ -336,17 +312,6 @@ fn print_results(r: &BenchReport) {
             p["device_read_latency_us"].as_f64().unwrap_or(0.0),
             p["ram_lookup_us"].as_f64().unwrap_or(0.0),
             p["bpe_over_limit"].as_f64().unwrap_or(0.0),
-        );
-    }
-    if let Some(f) = s.get("extension_fill") {
-        println!(
-            "extension fill (warming scan of limited_memory_bpe): {:.0} MB written, {} % sequential, {:.0} MB/s mean, {:.0} MB/s peak (device sequential write: {:.0} MB/s), {} admissions dropped",
-            f["ext_bytes_written"].as_f64().unwrap_or(0.0) / 1048576.0,
-            f["ext_sequential_write_percent"],
-            f["ext_write_mb_s_mean"].as_f64().unwrap_or(0.0),
-            f["ext_write_mb_s_peak"].as_f64().unwrap_or(0.0),
-            f["device_seq_write_mb_s"].as_f64().unwrap_or(0.0),
-            f["ext_admissions_dropped"],
         );
     }
 }

@@ -1,6 +1,5 @@
 //! Results: what each configuration measured, the JSON written by `--json`, and text tables.
 
-use crate::args::CommonArgs;
 use crate::db::Counters;
 use crate::reference::Reference;
 use crate::sampler::Sample;
@@ -55,19 +54,6 @@ impl BenchReport {
     pub fn config(&self, name: &str) -> Option<&ConfigResult> {
         self.configs.iter().find(|c| c.name == name)
     }
-
-    /// Writes --json and --plot where asked.
-    pub fn finish(&self, common: &CommonArgs) -> anyhow::Result<()> {
-        if let Some(path) = &common.json {
-            std::fs::write(path, serde_json::to_string_pretty(self)?)?;
-            eprintln!("results written to {}", path.display());
-        }
-        if let Some(path) = &common.plot {
-            crate::plot::draw(self, path)?;
-            eprintln!("plot written to {}", path.display());
-        }
-        Ok(())
-    }
 }
 
 fn machine() -> Value {
@@ -94,13 +80,8 @@ fn machine() -> Value {
     })
 }
 
-/// Prints rows under headers, columns padded to their widest cell (first column left-aligned).
-#[allow(dead_code)]
-pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
-    print_table_left(headers, rows, 1)
-}
-
-/// As [`print_table`], with the first `left` columns left-aligned.
+/// Prints rows under headers, columns padded to their widest cell, the first `left` columns
+/// left-aligned and the others right-aligned.
 pub fn print_table_left(headers: &[&str], rows: &[Vec<String>], left: usize) {
     let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for r in rows {
@@ -217,6 +198,31 @@ impl ConfigResult {
             counters: Counters::between(&before, &after),
             series,
             details: details?,
+        })
+    }
+
+    /// How the extension filled during this phase: volume, sequential share, write bandwidth
+    /// (mean over the phase and the best sampling interval).
+    pub fn fill_summary(&self) -> Value {
+        let k = &self.counters;
+        let slot = 4096.0;
+        let peak = self
+            .series
+            .iter()
+            .map(|s| s.ext_page_writes_per_s)
+            .fold(0.0, f64::max)
+            * slot
+            / 1048576.0;
+        serde_json::json!({
+            "seconds": self.seconds,
+            "page_reads": k.page_reads,
+            "readahead_pages": k.readahead_pages,
+            "ext_page_writes": k.ext_page_writes,
+            "ext_bytes_written": k.ext_bytes_written,
+            "ext_sequential_write_percent": k.ext_sequential_write_percent,
+            "ext_admissions_dropped": k.ext_admissions_dropped,
+            "ext_write_mb_s_mean": k.ext_bytes_written as f64 / 1048576.0 / self.seconds,
+            "ext_write_mb_s_peak": peak,
         })
     }
 }

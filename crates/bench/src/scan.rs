@@ -62,7 +62,8 @@ struct ChildConfig {
     table_bytes: u64,
 }
 
-pub fn run(a: ScanArgs) -> anyhow::Result<()> {
+/// Runs the benchmark and prints its results; returns them.
+pub fn run(a: &ScanArgs) -> anyhow::Result<BenchReport> {
     let c = &a.common;
     let table_mb = a.table_mb.unwrap_or(if c.quick { 64 } else { 1024 });
     let memory_mb = a.memory_mb.unwrap_or(if c.quick { 16 } else { 256 });
@@ -138,7 +139,7 @@ pub fn run(a: ScanArgs) -> anyhow::Result<()> {
     }
     report.summary = summarize(&report, table_bytes, data_reference.as_ref());
     print_results(&report);
-    report.finish(c)
+    Ok(report)
 }
 
 /// Fills the table until the database reaches `bytes`; returns the row count.
@@ -282,7 +283,7 @@ fn summarize(
     }
     let fill = r
         .config("limited_memory_bpe_fill")
-        .map(crate::lookup::fill_summary);
+        .map(ConfigResult::fill_summary);
     json!({
         "slow_device_seq_mb_s": slow_mb_s,
         "fast_disk_seq_mb_s": fast_mb_s,

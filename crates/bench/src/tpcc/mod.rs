@@ -43,7 +43,8 @@ struct ChildConfig {
     extension: Option<(PathBuf, u64)>,
 }
 
-pub fn run(a: OltpArgs) -> anyhow::Result<()> {
+/// Runs the benchmark and prints its results; returns them.
+pub fn run(a: &OltpArgs) -> anyhow::Result<BenchReport> {
     let c = &a.common;
     let warehouses = a.warehouses.unwrap_or(if c.quick { 1 } else { 10 });
     let seconds = a.seconds.unwrap_or(if c.quick { 4 } else { 120 });
@@ -134,7 +135,7 @@ pub fn run(a: OltpArgs) -> anyhow::Result<()> {
         },
     });
     print_results(&report);
-    report.finish(c)
+    Ok(report)
 }
 
 fn load_once(path: &Path, warehouses: u32, items: u32, reload: bool) -> anyhow::Result<()> {

@@ -37,7 +37,8 @@ struct ChildConfig {
 
 const QUICK_QUERIES: [u32; 5] = [1, 4, 5, 6, 12];
 
-pub fn run(a: DwArgs) -> anyhow::Result<()> {
+/// Runs the benchmark and prints its results; returns them.
+pub fn run(a: &DwArgs) -> anyhow::Result<BenchReport> {
     let c = &a.common;
     // The seed does not say its scale. 0.1 is the largest at which the run without the
     // extension finishes within the hour on an emulated 1 ms disk (35:42; it grows at least
@@ -119,7 +120,7 @@ pub fn run(a: DwArgs) -> anyhow::Result<()> {
         "answers_differing_at_sf1": answers,
     });
     print_results(&report, &queries);
-    report.finish(c)
+    Ok(report)
 }
 
 fn load_once(path: &Path, scale: f64, reload: bool) -> anyhow::Result<()> {
