@@ -3,7 +3,7 @@
 
 use crate::args::selected;
 use crate::args::LookupArgs;
-use crate::child::{run_config, EngineEnv};
+use crate::child::{start, Runner};
 use crate::db::{self, Counters};
 use crate::progress;
 use crate::reference::measure_reference;
@@ -11,11 +11,11 @@ use crate::report::{
     fmt_duration, print_storage, print_table_left, ratio, BenchReport, ConfigResult,
 };
 use crate::sampler::Sampler;
-use crate::storage::{db_bytes, is_loaded, mark_loaded, remove_db, Storage};
+use crate::storage::{db_bytes, load_once, Storage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,18 +44,13 @@ fn describe(name: &str, memory_mb: u64, extension_mb: u64) -> String {
 const ROW_BYTES: usize = 1000;
 const SEED: u64 = 20140401;
 
-/// What a child runs.
+/// What a configuration's process runs on its setup.
 #[derive(Serialize, Deserialize)]
-struct ChildConfig {
-    name: String,
-    description: String,
-    db: PathBuf,
+struct Lookups {
     rows: u64,
     lookups: u64,
     /// Full scan before the timed lookups.
     warm: bool,
-    /// Extension file and size in MB.
-    extension: Option<(PathBuf, u64)>,
 }
 
 /// Runs the benchmark and prints its results; returns them.
@@ -71,19 +66,7 @@ pub fn run(a: &LookupArgs) -> anyhow::Result<BenchReport> {
     load(&db_path, rows, c.reload)?;
     let size_mb = db_bytes(&db_path) >> 20;
     let enough_mb = size_mb * 3 / 2 + 64;
-    // With a real slow volume, "the fast disk" needs its own copy of the database.
-    let fast_db = if c.data_dir.is_some() {
-        let dir = storage.ext_dir.join("data-lookup-fast");
-        std::fs::create_dir_all(&dir)?;
-        let p = dir.join(format!("lookup-{rows}.db"));
-        if c.reload || db_bytes(&p) != db_bytes(&db_path) {
-            eprintln!("copying the database to the fast disk for ssd_cold");
-            std::fs::copy(&db_path, &p)?;
-        }
-        p
-    } else {
-        db_path.clone()
-    };
+    let fast_db = storage.on_fast_disk("lookup", &db_path, c.reload)?;
     let reference = measure_reference(c, &storage)?;
     let mut report = BenchReport::new("lookup", storage.clone(), reference);
     report.parameters = json!({
@@ -96,12 +79,16 @@ pub fn run(a: &LookupArgs) -> anyhow::Result<BenchReport> {
         "database:     {} ({size_mb} MB, {rows} rows)",
         db_path.display()
     );
+    let runner = Runner {
+        bench: "lookup",
+        storage: &storage,
+        sample_ms: c.sample_ms,
+    };
     for (name, _) in CONFIGS {
         if !selected(c.configs.as_deref(), name) {
             continue;
         }
         let description = describe(name, memory_mb, extension_mb);
-        eprintln!("== {name}: {description}");
         let (memory, warm, ext, device, path) = match name {
             "ram_resident" => (enough_mb, true, false, true, &db_path),
             "cold_slow_disk" => (enough_mb, false, false, true, &db_path),
@@ -109,21 +96,15 @@ pub fn run(a: &LookupArgs) -> anyhow::Result<BenchReport> {
             "limited_memory_bpe" => (memory_mb, true, true, true, &db_path),
             _ => (memory_mb, false, false, false, &fast_db),
         };
-        let cfg = ChildConfig {
-            name: name.into(),
-            description: description.clone(),
-            db: path.clone(),
+        let setup = runner.setup(name, description, path, ext.then_some(extension_mb));
+        let run = Lookups {
             rows,
             lookups,
             warm,
-            extension: ext.then(|| (storage.extension_path(name), extension_mb)),
         };
-        let env = EngineEnv {
-            memory_mb: memory,
-            device: device.then_some(&storage.data_device),
-        };
-        let results = run_config("lookup", &cfg, env, c.sample_ms, &storage.ext_dir)?;
-        report.configs.extend(results);
+        report
+            .configs
+            .extend(runner.run(setup, run, memory, device)?);
     }
     report.summary = summarize(&report, lookups);
     print_results(&report);
@@ -132,44 +113,34 @@ pub fn run(a: &LookupArgs) -> anyhow::Result<BenchReport> {
 
 /// Creates the table unless a complete one with `rows` rows is there (loading is not timed).
 fn load(path: &Path, rows: u64, reload: bool) -> anyhow::Result<()> {
-    if is_loaded(path, reload) {
-        return Ok(());
-    }
-    remove_db(path);
-    let conn = db::open_for_load(path)?;
-    conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, n TEXT NOT NULL)")?;
-    let pb = progress::bar(rows, "load");
-    let value = "A".repeat(ROW_BYTES);
-    let batch = 50_000;
-    let mut id = 1;
-    while id <= rows {
-        let tx = conn.unchecked_transaction()?;
-        {
-            let mut ins = tx.prepare_cached("INSERT INTO t (id, n) VALUES (?1, ?2)")?;
-            let end = (id + batch).min(rows + 1);
-            for i in id..end {
-                ins.execute(rusqlite::params![i as i64, value])?;
+    load_once(path, reload, |conn| {
+        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, n TEXT NOT NULL)")?;
+        let pb = progress::bar(rows, "load");
+        let value = "A".repeat(ROW_BYTES);
+        let batch = 50_000;
+        let mut id = 1;
+        while id <= rows {
+            let tx = conn.unchecked_transaction()?;
+            {
+                let mut ins = tx.prepare_cached("INSERT INTO t (id, n) VALUES (?1, ?2)")?;
+                let end = (id + batch).min(rows + 1);
+                for i in id..end {
+                    ins.execute(rusqlite::params![i as i64, value])?;
+                }
+                pb.inc(end - id);
+                id = end;
             }
-            pb.inc(end - id);
-            id = end;
+            tx.commit()?;
         }
-        tx.commit()?;
-    }
-    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")?;
-    drop(conn);
-    pb.finish_and_clear();
-    mark_loaded(path, &rows.to_string())?;
+        pb.finish_and_clear();
+        Ok(rows.to_string())
+    })?;
     Ok(())
 }
 
 /// The child: one configuration, timed.
 pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<ConfigResult>> {
-    let cfg: ChildConfig = serde_json::from_value(config)?;
-    let conn = db::open(&cfg.db)?;
-    db::drop_clean_buffers(&conn, &cfg.db)?;
-    if let Some((path, mb)) = &cfg.extension {
-        db::enable_extension(&conn, path, *mb)?;
-    }
+    let (setup, cfg, conn) = start::<Lookups>(config)?;
     let mut details = json!({});
     if cfg.warm {
         let sp = progress::spinner("warm");
@@ -186,7 +157,7 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
     let ops = Arc::new(AtomicU64::new(0));
     let before = db::snapshot();
     let sampler = Sampler::start(Duration::from_millis(sample_ms), ops.clone());
-    let pb = progress::bar(cfg.lookups, &cfg.name);
+    let pb = progress::bar(cfg.lookups, &setup.name);
     let mut rng = StdRng::seed_from_u64(SEED);
     let mut q = conn.prepare("SELECT n FROM t WHERE id = ?1")?;
     let t = Instant::now();
@@ -209,8 +180,8 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         "a lookup returned a wrong row"
     );
     Ok(vec![ConfigResult {
-        name: cfg.name,
-        description: cfg.description,
+        name: setup.name,
+        description: setup.description,
         seconds,
         operations: cfg.lookups,
         counters: Counters::between(&before, &after),

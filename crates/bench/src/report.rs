@@ -112,6 +112,26 @@ pub fn print_table_left(headers: &[&str], rows: &[Vec<String>], left: usize) {
     }
 }
 
+/// Prints a blank line, then a row per configuration of `r`: its name and description, then
+/// `cells` of it, under `headers` (the first two left-aligned).
+pub fn print_configs(
+    r: &BenchReport,
+    headers: &[&str],
+    cells: impl Fn(&ConfigResult) -> Vec<String>,
+) {
+    println!();
+    let rows: Vec<Vec<String>> = r
+        .configs
+        .iter()
+        .map(|c| {
+            let mut row = vec![c.name.clone(), c.description.clone()];
+            row.extend(cells(c));
+            row
+        })
+        .collect();
+    print_table_left(headers, &rows, 2);
+}
+
 /// Seconds as the seeds write them: "1.5 s" below a minute, "2:02" above.
 pub fn fmt_duration(s: f64) -> String {
     if s >= 60.0 {

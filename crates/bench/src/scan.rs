@@ -4,16 +4,17 @@
 
 use crate::args::selected;
 use crate::args::ScanArgs;
-use crate::child::{run_config, EngineEnv};
+use crate::child::{start, Runner};
 use crate::db;
 use crate::reference::measure_reference;
-use crate::report::{fmt_duration, print_storage, print_table_left, BenchReport, ConfigResult};
-use crate::storage::{db_bytes, is_loaded, mark_loaded, marker, remove_db, Storage};
+use crate::report::{fmt_duration, print_configs, print_storage, BenchReport, ConfigResult};
+use crate::storage::{db_bytes, load_once, Storage};
 use crate::{progress, reference};
+use anyhow::Context;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 
 /// Child processes: (name of the child, runs it makes, memory, extension, emulated device).
@@ -53,12 +54,10 @@ fn sql_server(name: &str) -> Option<f64> {
     }
 }
 
+/// What a configuration's process runs on its setup.
 #[derive(Serialize, Deserialize)]
-struct ChildConfig {
-    db: PathBuf,
+struct Scans {
     runs: Vec<String>,
-    memory_mb: u64,
-    extension: Option<(PathBuf, u64)>,
     table_bytes: u64,
 }
 
@@ -73,18 +72,7 @@ pub fn run(a: &ScanArgs) -> anyhow::Result<BenchReport> {
     let rows = load(&db_path, table_mb << 20, c.reload)?;
     let table_bytes = db_bytes(&db_path);
     let enough_mb = (table_bytes >> 20) * 3 / 2 + 64;
-    let fast_db = if c.data_dir.is_some() {
-        let dir = storage.ext_dir.join("data-scan-fast");
-        std::fs::create_dir_all(&dir)?;
-        let p = dir.join(db_path.file_name().expect("file name"));
-        if c.reload || db_bytes(&p) != table_bytes {
-            eprintln!("copying the database to the fast disk for ssd_cold");
-            std::fs::copy(&db_path, &p)?;
-        }
-        p
-    } else {
-        db_path.clone()
-    };
+    let fast_db = storage.on_fast_disk("scan", &db_path, c.reload)?;
     let reference = measure_reference(c, &storage)?;
     // A real data device gets its own reference (its sequential bandwidth is the scan's limit).
     let data_reference = if c.data_dir.is_some() && !storage.data_device.emulated {
@@ -105,37 +93,29 @@ pub fn run(a: &ScanArgs) -> anyhow::Result<BenchReport> {
         db_path.display(),
         table_bytes >> 20
     );
+    let runner = Runner {
+        bench: "scan",
+        storage: &storage,
+        sample_ms: c.sample_ms,
+    };
     for (child, runs, mem, ext, emulated) in CHILDREN {
         if !runs.iter().any(|r| selected(c.configs.as_deref(), r)) {
             continue;
         }
-        eprintln!("== {child}");
         let memory = match mem {
             Mem::Enough => enough_mb,
             Mem::Limited => memory_mb,
         };
-        let cfg = ChildConfig {
-            db: if emulated {
-                db_path.clone()
-            } else {
-                fast_db.clone()
-            },
+        let description = format!("{memory} MB{}", if ext { " + extension" } else { "" });
+        let db = if emulated { &db_path } else { &fast_db };
+        let setup = runner.setup(child, description, db, ext.then_some(extension_mb));
+        let scans = Scans {
             runs: runs.iter().map(|s| s.to_string()).collect(),
-            memory_mb: memory,
-            extension: ext.then(|| (storage.extension_path(child), extension_mb)),
             table_bytes,
         };
-        let env = EngineEnv {
-            memory_mb: memory,
-            device: emulated.then_some(&storage.data_device),
-        };
-        report.configs.extend(run_config(
-            "scan",
-            &cfg,
-            env,
-            c.sample_ms,
-            &storage.ext_dir,
-        )?);
+        report
+            .configs
+            .extend(runner.run(setup, scans, memory, emulated)?);
     }
     report.summary = summarize(&report, table_bytes, data_reference.as_ref());
     print_results(&report);
@@ -144,51 +124,50 @@ pub fn run(a: &ScanArgs) -> anyhow::Result<BenchReport> {
 
 /// Fills the table until the database reaches `bytes`; returns the row count.
 fn load(path: &Path, bytes: u64, reload: bool) -> anyhow::Result<u64> {
-    if is_loaded(path, reload) {
-        if let Ok(n) = std::fs::read_to_string(marker(path))?.trim().parse() {
-            return Ok(n);
-        }
-    }
-    remove_db(path);
-    let conn = db::open_for_load(path)?;
-    conn.execute_batch(
-        "CREATE TABLE bigTransactionHistory (TransactionID INTEGER PRIMARY KEY, ProductID INTEGER NOT NULL, TransactionDate TEXT NOT NULL, Quantity INTEGER NOT NULL, ActualCost REAL NOT NULL)",
-    )?;
-    let dates: Vec<String> = (0..1461).map(|d| date_from_days(12965 + d)).collect();
-    let mut rng = StdRng::seed_from_u64(2005);
-    let pb = progress::bar(bytes >> 20, "load MB");
-    let mut id: i64 = 0;
-    loop {
-        let tx = conn.unchecked_transaction()?;
-        {
-            let mut ins =
-                tx.prepare_cached("INSERT INTO bigTransactionHistory VALUES (?1, ?2, ?3, ?4, ?5)")?;
-            for _ in 0..250_000 {
-                id += 1;
-                let qty: i64 = rng.gen_range(1..=100);
-                let cost = (rng.gen_range(1.0..2500.0f64) * 100.0).round() / 100.0;
-                ins.execute(rusqlite::params![
-                    id,
-                    rng.gen_range(1001..=50000i64),
-                    dates[rng.gen_range(0..dates.len())],
-                    qty,
-                    cost
-                ])?;
+    let rows = load_once(path, reload, |conn| {
+        conn.execute_batch(
+            "CREATE TABLE bigTransactionHistory (TransactionID INTEGER PRIMARY KEY, ProductID INTEGER NOT NULL, TransactionDate TEXT NOT NULL, Quantity INTEGER NOT NULL, ActualCost REAL NOT NULL)",
+        )?;
+        let dates: Vec<String> = (0..1461).map(|d| date_from_days(12965 + d)).collect();
+        let mut rng = StdRng::seed_from_u64(2005);
+        let pb = progress::bar(bytes >> 20, "load MB");
+        let mut id: i64 = 0;
+        loop {
+            let tx = conn.unchecked_transaction()?;
+            {
+                let mut ins = tx.prepare_cached(
+                    "INSERT INTO bigTransactionHistory VALUES (?1, ?2, ?3, ?4, ?5)",
+                )?;
+                for _ in 0..250_000 {
+                    id += 1;
+                    let qty: i64 = rng.gen_range(1..=100);
+                    let cost = (rng.gen_range(1.0..2500.0f64) * 100.0).round() / 100.0;
+                    ins.execute(rusqlite::params![
+                        id,
+                        rng.gen_range(1001..=50000i64),
+                        dates[rng.gen_range(0..dates.len())],
+                        qty,
+                        cost
+                    ])?;
+                }
+            }
+            tx.commit()?;
+            let pages: u64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+            let size = pages * 4096;
+            pb.set_position((size >> 20).min(bytes >> 20));
+            if size >= bytes {
+                break;
             }
         }
-        tx.commit()?;
-        let pages: u64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
-        let size = pages * 4096;
-        pb.set_position((size >> 20).min(bytes >> 20));
-        if size >= bytes {
-            break;
-        }
-    }
-    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")?;
-    drop(conn);
-    pb.finish_and_clear();
-    mark_loaded(path, &id.to_string())?;
-    Ok(id as u64)
+        pb.finish_and_clear();
+        Ok(id.to_string())
+    })?;
+    rows.parse().with_context(|| {
+        format!(
+            "{}: the load's note {rows:?} is not a row count (--reload loads it again)",
+            path.display()
+        )
+    })
 }
 
 /// 'YYYY-MM-DD' of a day number counted from 1970-01-01 (civil calendar).
@@ -206,30 +185,16 @@ fn date_from_days(z: i64) -> String {
 }
 
 pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<ConfigResult>> {
-    let cfg: ChildConfig = serde_json::from_value(config)?;
-    let conn = db::open(&cfg.db)?;
-    db::drop_clean_buffers(&conn, &cfg.db)?;
-    if let Some((path, mb)) = &cfg.extension {
-        db::enable_extension(&conn, path, *mb)?;
-    }
+    let (setup, cfg, conn) = start::<Scans>(config)?;
     let mut out = Vec::new();
     for (i, name) in cfg.runs.iter().enumerate() {
         let mut waited = 0.0;
-        if i > 0 && cfg.extension.is_some() {
+        if i > 0 && setup.extension.is_some() {
             let t = std::time::Instant::now();
             db::wait_for_extension_writes();
             waited = t.elapsed().as_secs_f64();
         }
-        let description = format!(
-            "run {} with {} MB{}",
-            i + 1,
-            cfg.memory_mb,
-            if cfg.extension.is_some() {
-                " + extension"
-            } else {
-                ""
-            }
-        );
+        let description = format!("run {} with {}", i + 1, setup.description);
         let sp = progress::spinner(name);
         sp.set_message("SELECT AVG(ActualCost) FROM bigTransactionHistory");
         let mut r = ConfigResult::measure(name, &description, sample_ms, |ops| {
@@ -294,48 +259,37 @@ fn summarize(
 }
 
 fn print_results(r: &BenchReport) {
-    println!();
-    let rows: Vec<Vec<String>> = r
-        .configs
-        .iter()
-        .map(|c| {
-            let k = &c.counters;
-            let s = &r.summary["runs"][&c.name];
-            vec![
-                c.name.clone(),
-                c.description.clone(),
-                fmt_duration(c.seconds),
-                sql_server(&c.name).map_or("-".into(), fmt_duration),
-                k.page_lookups.to_string(),
-                k.page_reads.to_string(),
-                k.readahead_pages.to_string(),
-                k.ext_page_reads.to_string(),
-                k.ext_page_writes.to_string(),
-                format!("{:.0}", s["mb_per_s"].as_f64().unwrap_or(0.0)),
-                format!(
-                    "{:.0} %",
-                    100.0 * s["fraction_of_device"].as_f64().unwrap_or(0.0)
-                ),
-            ]
-        })
-        .collect();
-    print_table_left(
-        &[
-            "run",
-            "configuration",
-            "sqlite-bpe",
-            "SQL Server",
-            "logical reads",
-            "physical reads",
-            "readahead",
-            "ext reads",
-            "ext writes",
-            "MB/s",
-            "of device",
-        ],
-        &rows,
-        2,
-    );
+    let headers = [
+        "run",
+        "configuration",
+        "sqlite-bpe",
+        "SQL Server",
+        "logical reads",
+        "physical reads",
+        "readahead",
+        "ext reads",
+        "ext writes",
+        "MB/s",
+        "of device",
+    ];
+    print_configs(r, &headers, |c| {
+        let k = &c.counters;
+        let s = &r.summary["runs"][&c.name];
+        vec![
+            fmt_duration(c.seconds),
+            sql_server(&c.name).map_or("-".into(), fmt_duration),
+            k.page_lookups.to_string(),
+            k.page_reads.to_string(),
+            k.readahead_pages.to_string(),
+            k.ext_page_reads.to_string(),
+            k.ext_page_writes.to_string(),
+            format!("{:.0}", s["mb_per_s"].as_f64().unwrap_or(0.0)),
+            format!(
+                "{:.0} %",
+                100.0 * s["fraction_of_device"].as_f64().unwrap_or(0.0)
+            ),
+        ]
+    });
     println!(
         "\nslow device sequential read: {:.0} MB/s; fast disk: {:.0} MB/s ('of device' compares extension and ssd_cold runs with the fast disk, the others with the slow device)",
         r.summary["slow_device_seq_mb_s"].as_f64().unwrap_or(0.0),

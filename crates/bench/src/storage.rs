@@ -70,6 +70,10 @@ pub struct Storage {
     /// File system types (from /proc/mounts) of the two directories.
     pub data_fs: String,
     pub ext_fs: String,
+    /// The data directory was named (--data-dir), so it may be a slow volume of its own: runs
+    /// on "the fast disk" use a copy of the database in the extension's directory.
+    #[serde(skip)]
+    pub own_data_dir: bool,
 }
 
 impl Storage {
@@ -106,7 +110,25 @@ impl Storage {
             data_dir,
             ext_fs,
             ext_dir,
+            own_data_dir: c.data_dir.is_some(),
         })
+    }
+
+    /// The database `db` (of benchmark `bench`) on the fast disk: `db` itself, or with a data
+    /// directory of its own, a copy in the extension's directory (made again when it differs or
+    /// `reload` is asked).
+    pub fn on_fast_disk(&self, bench: &str, db: &Path, reload: bool) -> anyhow::Result<PathBuf> {
+        if !self.own_data_dir {
+            return Ok(db.to_path_buf());
+        }
+        let dir = self.ext_dir.join(format!("data-{bench}-fast"));
+        std::fs::create_dir_all(&dir)?;
+        let copy = dir.join(db.file_name().context("the database has no file name")?);
+        if reload || db_bytes(&copy) != db_bytes(db) {
+            eprintln!("copying the database to the fast disk for the runs there");
+            std::fs::copy(db, &copy)?;
+        }
+        Ok(copy)
     }
 
     /// A fresh path for an extension file (the core refuses an existing one).
@@ -148,23 +170,29 @@ pub fn db_bytes(path: &Path) -> u64 {
         .sum()
 }
 
-/// True when `path` holds a complete load (its `.loaded` marker exists) and no reload was asked.
-pub fn is_loaded(path: &Path, reload: bool) -> bool {
-    !reload && path.exists() && marker(path).exists()
-}
-
-/// Removes a database, its WAL, shared memory and load marker, before loading it anew.
-pub fn remove_db(path: &Path) {
+/// The database at `path` as `fill` loads it, unless a complete load is there already (and no
+/// reload was asked): the data is loaded once and kept for later runs (loading is not timed).
+/// `fill` gets a connection with SQLite's default VFS and returns a note to keep with the load
+/// (a row count, say); returns that note, read back when the load was already there.
+pub fn load_once(
+    path: &Path,
+    reload: bool,
+    fill: impl FnOnce(&rusqlite::Connection) -> anyhow::Result<String>,
+) -> anyhow::Result<String> {
+    let marker = PathBuf::from(format!("{}.loaded", path.display()));
+    if !reload && path.exists() {
+        if let Ok(note) = std::fs::read_to_string(&marker) {
+            return Ok(note.trim().to_string());
+        }
+    }
     for suffix in ["", "-wal", "-shm", ".loaded"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
-}
-
-/// Records a complete load, with what the loader wants to remember (e.g. a row count).
-pub fn mark_loaded(path: &Path, note: &str) -> std::io::Result<()> {
-    std::fs::write(marker(path), format!("{note}\n"))
-}
-
-pub fn marker(path: &Path) -> PathBuf {
-    PathBuf::from(format!("{}.loaded", path.display()))
+    let conn = crate::db::open_for_load(path)?;
+    let note = fill(&conn)?;
+    // Everything into the database file, so every configuration starts from the same file.
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")?;
+    drop(conn);
+    std::fs::write(&marker, format!("{note}\n"))?;
+    Ok(note)
 }

@@ -150,18 +150,11 @@ pub fn load(conn: &Connection, warehouses: u32, items: u32) -> anyhow::Result<()
     pb.inc(items as u64);
     for w in 1..=warehouses {
         let tx = conn.unchecked_transaction()?;
-        tx.execute(
+        insert_place(
+            &tx,
+            &mut r,
             "INSERT INTO warehouse VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 300000.0)",
-            params![
-                w,
-                r.astring(6, 10),
-                r.astring(10, 20),
-                r.astring(10, 20),
-                r.astring(10, 20),
-                r.astring(2, 2),
-                r.zip(),
-                r.amount(0.0, 0.2)
-            ],
+            &[w],
         )?;
         {
             let mut ins = tx.prepare(
@@ -198,20 +191,31 @@ pub fn load(conn: &Connection, warehouses: u32, items: u32) -> anyhow::Result<()
     Ok(())
 }
 
+/// Inserts a warehouse or a district with `sql`: its `keys`, then a random name, address and tax
+/// (NAME, STREET_1, STREET_2, CITY, STATE, ZIP, TAX, clause 4.3.3.1).
+fn insert_place(conn: &Connection, r: &mut Rand, sql: &str, keys: &[u32]) -> anyhow::Result<()> {
+    use rusqlite::types::Value;
+    let mut values: Vec<Value> = keys.iter().map(|&k| Value::Integer(k.into())).collect();
+    let texts = [
+        r.astring(6, 10),
+        r.astring(10, 20),
+        r.astring(10, 20),
+        r.astring(10, 20),
+        r.astring(2, 2),
+        r.zip(),
+    ];
+    values.extend(texts.map(Value::Text));
+    values.push(Value::Real(r.amount(0.0, 0.2)));
+    conn.execute(sql, rusqlite::params_from_iter(values))?;
+    Ok(())
+}
+
 fn load_district(tx: &Connection, r: &mut Rand, w: u32, d: u32) -> anyhow::Result<()> {
-    tx.execute(
+    insert_place(
+        tx,
+        r,
         "INSERT INTO district VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 30000.0, 3001)",
-        params![
-            d,
-            w,
-            r.astring(6, 10),
-            r.astring(10, 20),
-            r.astring(10, 20),
-            r.astring(10, 20),
-            r.astring(2, 2),
-            r.zip(),
-            r.amount(0.0, 0.2)
-        ],
+        &[d, w],
     )?;
     let mut cust = tx.prepare_cached(
         "INSERT INTO customer VALUES (?1, ?2, ?3, ?4, 'OE', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13,

@@ -15,32 +15,29 @@ mod txn;
 
 use crate::args::selected;
 use crate::args::OltpArgs;
-use crate::child::{run_config, EngineEnv};
+use crate::child::{start, Runner};
 use crate::db;
 use crate::progress;
 use crate::reference::measure_reference;
-use crate::report::{print_storage, print_table_left, ratio, BenchReport, ConfigResult};
-use crate::storage::{db_bytes, is_loaded, mark_loaded, remove_db, Storage};
+use crate::report::{print_configs, print_storage, ratio, BenchReport, ConfigResult};
+use crate::storage::{db_bytes, load_once, Storage};
 use load::Rand;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use txn::{Kind, Outcome, Terminal, KINDS};
 
+/// What a configuration's process runs on its setup.
 #[derive(Serialize, Deserialize)]
-struct ChildConfig {
-    name: String,
-    description: String,
-    db: PathBuf,
+struct Mix {
     warehouses: u32,
     items: u32,
     terminals: u32,
     seconds: u64,
     warmup_seconds: u64,
-    extension: Option<(PathBuf, u64)>,
 }
 
 /// Runs the benchmark and prints its results; returns them.
@@ -53,7 +50,7 @@ pub fn run(a: &OltpArgs) -> anyhow::Result<BenchReport> {
     let base = storage
         .data_dir
         .join(format!("tpcc-w{warehouses}-i{items}.db"));
-    load_once(&base, warehouses, items, c.reload)?;
+    load(&base, warehouses, items, c.reload)?;
     let db_mb = (db_bytes(&base) >> 20).max(1);
     let reference = measure_reference(c, &storage)?;
     let mut report = BenchReport::new("oltp", storage.clone(), reference);
@@ -77,6 +74,11 @@ pub fn run(a: &OltpArgs) -> anyhow::Result<BenchReport> {
         base.display()
     );
     let run_db = storage.data_dir.join("tpcc-run.db");
+    let runner = Runner {
+        bench: "oltp",
+        storage: &storage,
+        sample_ms: c.sample_ms,
+    };
     for (name, memory_mb, ext) in configs {
         if !selected(c.configs.as_deref(), name) {
             continue;
@@ -90,30 +92,18 @@ pub fn run(a: &OltpArgs) -> anyhow::Result<BenchReport> {
                 String::new()
             }
         );
-        eprintln!("== {name}: {description}");
         copy_db(&base, &run_db)?;
-        let cfg = ChildConfig {
-            name: name.into(),
-            description,
-            db: run_db.clone(),
+        let setup = runner.setup(name, description, &run_db, ext.then_some(extension_mb));
+        let mix = Mix {
             warehouses,
             items,
             terminals: a.terminals,
             seconds,
             warmup_seconds: (seconds / 6).max(2),
-            extension: ext.then(|| (storage.extension_path(name), extension_mb)),
         };
-        let env = EngineEnv {
-            memory_mb,
-            device: Some(&storage.data_device),
-        };
-        report.configs.extend(run_config(
-            "oltp",
-            &cfg,
-            env,
-            c.sample_ms,
-            &storage.ext_dir,
-        )?);
+        report
+            .configs
+            .extend(runner.run(setup, mix, memory_mb, true)?);
     }
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", run_db.display()));
@@ -138,16 +128,12 @@ pub fn run(a: &OltpArgs) -> anyhow::Result<BenchReport> {
     Ok(report)
 }
 
-fn load_once(path: &Path, warehouses: u32, items: u32, reload: bool) -> anyhow::Result<()> {
-    if is_loaded(path, reload) {
-        return Ok(());
-    }
-    remove_db(path);
-    let conn = db::open_for_load(path)?;
-    load::load(&conn, warehouses, items)?;
-    conn.execute_batch("ANALYZE; PRAGMA wal_checkpoint(TRUNCATE);")?;
-    drop(conn);
-    mark_loaded(path, "ok")?;
+fn load(path: &Path, warehouses: u32, items: u32, reload: bool) -> anyhow::Result<()> {
+    load_once(path, reload, |conn| {
+        load::load(conn, warehouses, items)?;
+        conn.execute_batch("ANALYZE;")?;
+        Ok("ok".into())
+    })?;
     Ok(())
 }
 
@@ -185,12 +171,7 @@ struct Tally {
 }
 
 pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<ConfigResult>> {
-    let cfg: ChildConfig = serde_json::from_value(config)?;
-    let conn = db::open(&cfg.db)?;
-    db::drop_clean_buffers(&conn, &cfg.db)?;
-    if let Some((path, mb)) = &cfg.extension {
-        db::enable_extension(&conn, path, *mb)?;
-    }
+    let (setup, cfg, conn) = start::<Mix>(config)?;
     let sp = progress::spinner("warm");
     sp.set_message("reading every table and index");
     warm(&conn)?;
@@ -199,7 +180,7 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
     let writers = Mutex::new(());
     let mut terminals: Vec<Terminal> = (0..cfg.terminals)
         .map(|t| {
-            let conn = db::open(&cfg.db)?;
+            let conn = db::open(&setup.db)?;
             // The checkpointer below does it, outside the writers' queue.
             conn.execute_batch("PRAGMA wal_autocheckpoint = 0;")?;
             Ok(Terminal {
@@ -214,7 +195,7 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         .collect::<anyhow::Result<_>>()?;
     let mut run = Run {
         terminals: &mut terminals,
-        checkpointer: db::open(&cfg.db)?,
+        checkpointer: db::open(&setup.db)?,
         writers: &writers,
     };
     // Warm-up: the mix runs untimed first (the published runs discarded their first pass too).
@@ -222,8 +203,8 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
     let none = AtomicU64::new(0);
     drive(&mut run, cfg.warmup_seconds, &tally, &none, "warm-up")?;
     let tally = Tally::default();
-    let mut result = ConfigResult::measure(&cfg.name, &cfg.description, sample_ms, |ops| {
-        drive(&mut run, cfg.seconds, &tally, ops, &cfg.name)?;
+    let mut result = ConfigResult::measure(&setup.name, &setup.description, sample_ms, |ops| {
+        drive(&mut run, cfg.seconds, &tally, ops, &setup.name)?;
         Ok(json!({}))
     })?;
     let checks = txn::check(&conn)?;
@@ -384,46 +365,35 @@ fn is_busy(e: &anyhow::Error) -> bool {
 }
 
 fn print_results(r: &BenchReport) {
-    println!();
-    let rows: Vec<Vec<String>> = r
-        .configs
-        .iter()
-        .map(|c| {
-            let k = &c.counters;
-            vec![
-                c.name.clone(),
-                c.description.clone(),
-                format!("{:.0}", c.details["tpm"].as_f64().unwrap_or(0.0)),
-                format!("{:.0}", c.details["tpmC"].as_f64().unwrap_or(0.0)),
-                format!("{:.1}", k.hit_ratio_percent),
-                format!("{:.0}", k.page_reads as f64 / c.seconds),
-                format!("{:.0}", k.ext_page_reads as f64 / c.seconds),
-                format!("{:.0}", k.ext_page_writes as f64 / c.seconds),
-                c.details["consistency"].as_array().map_or("-".into(), |a| {
-                    if a.iter().all(|x| x["passed"] == true) {
-                        "1-4 passed".into()
-                    } else {
-                        "FAILED".into()
-                    }
-                }),
-            ]
-        })
-        .collect();
-    print_table_left(
-        &[
-            "config",
-            "memory",
-            "tpm",
-            "tpmC",
-            "L1 hit %",
-            "page reads/s",
-            "ext reads/s",
-            "ext writes/s",
-            "consistency",
-        ],
-        &rows,
-        2,
-    );
+    let headers = [
+        "config",
+        "memory",
+        "tpm",
+        "tpmC",
+        "L1 hit %",
+        "page reads/s",
+        "ext reads/s",
+        "ext writes/s",
+        "consistency",
+    ];
+    print_configs(r, &headers, |c| {
+        let k = &c.counters;
+        vec![
+            format!("{:.0}", c.details["tpm"].as_f64().unwrap_or(0.0)),
+            format!("{:.0}", c.details["tpmC"].as_f64().unwrap_or(0.0)),
+            format!("{:.1}", k.hit_ratio_percent),
+            format!("{:.0}", k.page_reads as f64 / c.seconds),
+            format!("{:.0}", k.ext_page_reads as f64 / c.seconds),
+            format!("{:.0}", k.ext_page_writes as f64 / c.seconds),
+            c.details["consistency"].as_array().map_or("-".into(), |a| {
+                if a.iter().all(|x| x["passed"] == true) {
+                    "1-4 passed".into()
+                } else {
+                    "FAILED".into()
+                }
+            }),
+        ]
+    });
     if let Some(x) = r.summary["bpe_over_no_bpe_at_25"].as_f64() {
         println!(
             "\nat 25 % memory, extension on / off: {x:.2}x (SQL Server, HammerDB TPC-C: 1.42x)"

@@ -10,29 +10,26 @@ mod queries;
 
 use crate::args::selected;
 use crate::args::DwArgs;
-use crate::child::{run_config, EngineEnv};
+use crate::child::{start, Runner};
 use crate::db;
 use crate::progress;
 use crate::reference::measure_reference;
 use crate::report::{
     fmt_duration, print_storage, print_table_left, ratio, BenchReport, ConfigResult,
 };
-use crate::storage::{db_bytes, is_loaded, mark_loaded, remove_db, Storage};
+use crate::storage::{db_bytes, load_once, Storage};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
+/// What a configuration's process runs on its setup.
 #[derive(Serialize, Deserialize)]
-struct ChildConfig {
-    name: String,
-    description: String,
-    db: PathBuf,
+struct Passes {
     scale: f64,
     queries: Vec<u32>,
     passes: u32,
-    extension: Option<(PathBuf, u64)>,
 }
 
 const QUICK_QUERIES: [u32; 5] = [1, 4, 5, 6, 12];
@@ -60,7 +57,7 @@ pub fn run(a: &DwArgs) -> anyhow::Result<BenchReport> {
     );
     let storage = Storage::from_args(c, "dw")?;
     let db_path = storage.data_dir.join(format!("tpch-sf{scale}.db"));
-    load_once(&db_path, scale, c.reload)?;
+    load(&db_path, scale, c.reload)?;
     let db_mb = (db_bytes(&db_path) >> 20).max(1);
     let memory_mb = (db_mb * a.memory_percent / 100).max(8);
     let extension_mb = (db_mb * 2).max(memory_mb * 2).max(64);
@@ -77,6 +74,11 @@ pub fn run(a: &DwArgs) -> anyhow::Result<BenchReport> {
         db_path.display(),
         a.memory_percent
     );
+    let runner = Runner {
+        bench: "dw",
+        storage: &storage,
+        sample_ms: c.sample_ms,
+    };
     for (name, ext) in [("no_extension", false), ("extension", true)] {
         if !selected(c.configs.as_deref(), name) {
             continue;
@@ -86,23 +88,15 @@ pub fn run(a: &DwArgs) -> anyhow::Result<BenchReport> {
         } else {
             format!("{memory_mb} MB, no extension")
         };
-        eprintln!("== {name}: {description}");
-        let cfg = ChildConfig {
-            name: name.into(),
-            description,
-            db: db_path.clone(),
+        let setup = runner.setup(name, description, &db_path, ext.then_some(extension_mb));
+        let passes = Passes {
             scale,
             queries: queries.clone(),
             passes: if ext { 2 } else { 1 },
-            extension: ext.then(|| (storage.extension_path(name), extension_mb)),
-        };
-        let env = EngineEnv {
-            memory_mb,
-            device: Some(&storage.data_device),
         };
         report
             .configs
-            .extend(run_config("dw", &cfg, env, c.sample_ms, &storage.ext_dir)?);
+            .extend(runner.run(setup, passes, memory_mb, true)?);
     }
     let total = |n: &str| report.config(n).map(|c| c.seconds);
     // Both extension passes against the one pass without it.
@@ -123,35 +117,25 @@ pub fn run(a: &DwArgs) -> anyhow::Result<BenchReport> {
     Ok(report)
 }
 
-fn load_once(path: &Path, scale: f64, reload: bool) -> anyhow::Result<()> {
-    if is_loaded(path, reload) {
-        return Ok(());
-    }
-    remove_db(path);
-    let conn = db::open_for_load(path)?;
-    load::load(&conn, scale)?;
-    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")?;
-    drop(conn);
-    mark_loaded(path, "ok")?;
+fn load(path: &Path, scale: f64, reload: bool) -> anyhow::Result<()> {
+    load_once(path, reload, |conn| {
+        load::load(conn, scale)?;
+        Ok("ok".into())
+    })?;
     Ok(())
 }
 
 pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<ConfigResult>> {
-    let cfg: ChildConfig = serde_json::from_value(config)?;
-    let conn = db::open(&cfg.db)?;
-    db::drop_clean_buffers(&conn, &cfg.db)?;
-    if let Some((path, mb)) = &cfg.extension {
-        db::enable_extension(&conn, path, *mb)?;
-    }
+    let (setup, cfg, conn) = start::<Passes>(config)?;
     let mut out = Vec::new();
     for pass in 1..=cfg.passes {
         if pass > 1 {
             db::wait_for_extension_writes();
         }
-        let name = format!("{}_pass{pass}", cfg.name);
+        let name = format!("{}_pass{pass}", setup.name);
         let pb = progress::bar(cfg.queries.len() as u64, &name);
         let mut per_query = serde_json::Map::new();
-        let r = ConfigResult::measure(&name, &cfg.description, sample_ms, |ops| {
+        let r = ConfigResult::measure(&name, &setup.description, sample_ms, |ops| {
             for &q in &cfg.queries {
                 pb.set_message(format!("Q{q}"));
                 let t = Instant::now();
