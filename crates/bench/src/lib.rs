@@ -10,11 +10,13 @@
 //! same arguments and `BPE_BENCH_CHILD` naming the configuration), because a process has one
 //! engine whose settings are read when it is created. The parent loads the data (untimed),
 //! measures the physical reference, runs the children and aggregates their JSON.
+//!
+//! `sqlite-bpe demo` is the lookup benchmark at demo scale ([`lookup::Plan::demo`]).
 
 pub mod args;
 mod child;
 mod db;
-mod lookup;
+pub mod lookup;
 mod plot;
 mod progress;
 mod reference;
@@ -27,6 +29,7 @@ mod tpch;
 
 pub use args::{BenchArgs, CommonArgs, Experiment};
 pub use report::{BenchReport, ConfigResult};
+pub use storage::{DataDevice, Storage};
 
 /// Runs one benchmark (or, in a child process, one configuration of it).
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -63,8 +66,7 @@ pub fn run_child() -> Option<anyhow::Result<()>> {
 /// Writes the report as JSON (--json) and draws it (--plot) where asked.
 pub fn write_outputs(report: &BenchReport, common: &CommonArgs) -> anyhow::Result<()> {
     if let Some(path) = &common.json {
-        std::fs::write(path, serde_json::to_string_pretty(report)?)?;
-        eprintln!("results written to {}", path.display());
+        report.write_json(path)?;
     }
     if let Some(path) = &common.plot {
         plot::draw(report, path)?;

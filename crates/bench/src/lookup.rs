@@ -4,21 +4,18 @@
 use crate::args::selected;
 use crate::args::LookupArgs;
 use crate::child::{start, Runner};
-use crate::db::{self, Counters};
+use crate::db;
 use crate::progress;
-use crate::reference::measure_reference;
+use crate::reference::{self, reference_mib};
 use crate::report::{
     fmt_duration, print_storage, print_table_left, ratio, BenchReport, ConfigResult,
 };
-use crate::sampler::Sampler;
 use crate::storage::{db_bytes, load_once, Storage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// The configurations, in the seed's order, with its SQL Server 2014 figures (seconds).
 pub const CONFIGS: [(&str, f64); 5] = [
@@ -53,39 +50,117 @@ struct Lookups {
     warm: bool,
 }
 
+/// What the experiment runs: its scale and configurations.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Rows of 1000 bytes in the table.
+    pub rows: u64,
+    /// Random point selects per configuration.
+    pub lookups: u64,
+    /// max server memory of the limited configurations, MB.
+    pub memory_mb: u64,
+    /// Extension size, MB; None: four times the database, at least twice `memory_mb`.
+    pub extension_mb: Option<u64>,
+    /// The configurations to run (names of [`CONFIGS`]); None: all five.
+    pub configs: Option<Vec<String>>,
+    /// Load the table again even if a complete one is there.
+    pub reload: bool,
+    /// Size of the physical reference's scratch file, MiB (0: no reference).
+    pub reference_mib: u64,
+    /// Counter sampling interval.
+    pub sample_ms: u64,
+    /// Recorded with the results: the plan is --quick's.
+    pub quick: bool,
+}
+
+impl Plan {
+    /// `bench lookup`'s plan: its arguments, with the published scale (or --quick's) for the
+    /// ones not given.
+    pub fn from_args(a: &LookupArgs) -> Plan {
+        let c = &a.common;
+        let quick = c.quick;
+        Plan {
+            rows: a.rows.unwrap_or(if quick { 40_000 } else { 1_000_000 }),
+            lookups: a.lookups.unwrap_or(if quick { 1_000 } else { 10_000 }),
+            memory_mb: a.memory_mb.unwrap_or(if quick { 16 } else { 256 }),
+            extension_mb: Some(a.extension_mb.unwrap_or(if quick { 256 } else { 4096 })),
+            configs: c.configs.clone(),
+            reload: c.reload,
+            reference_mib: reference_mib(c),
+            sample_ms: c.sample_ms,
+            quick,
+        }
+    }
+
+    /// `sqlite-bpe demo`'s plan: the experiment at demo scale (80,000 rows, about 80 MB;
+    /// 10,000 lookups; 16 MB of memory; an extension four times the table), in three of its
+    /// configurations (ram_resident, limited_memory, limited_memory_bpe), without the physical
+    /// reference. About a minute on an emulated 2 ms disk.
+    pub fn demo() -> Plan {
+        Plan {
+            rows: 80_000,
+            lookups: 10_000,
+            memory_mb: 16,
+            extension_mb: None,
+            configs: Some(
+                ["ram_resident", "limited_memory", "limited_memory_bpe"]
+                    .map(String::from)
+                    .to_vec(),
+            ),
+            reload: false,
+            reference_mib: 0,
+            sample_ms: 250,
+            quick: false,
+        }
+    }
+}
+
 /// Runs the benchmark and prints its results; returns them.
 pub fn run(a: &LookupArgs) -> anyhow::Result<BenchReport> {
-    let c = &a.common;
-    let quick = c.quick;
-    let rows = a.rows.unwrap_or(if quick { 40_000 } else { 1_000_000 });
-    let lookups = a.lookups.unwrap_or(if quick { 1_000 } else { 10_000 });
-    let memory_mb = a.memory_mb.unwrap_or(if quick { 16 } else { 256 });
-    let extension_mb = a.extension_mb.unwrap_or(if quick { 256 } else { 4096 });
-    let storage = Storage::from_args(c, "lookup")?;
+    let storage = Storage::from_args(&a.common, "lookup")?;
+    let report = measure(&Plan::from_args(a), &storage)?;
+    print_storage(&storage, report.reference.as_ref());
+    let p = &report.parameters;
+    println!(
+        "database:     {} ({} MB, {} rows)",
+        p["database"].as_str().unwrap_or(""),
+        p["database_mb"],
+        p["rows"]
+    );
+    print_results(&report);
+    Ok(report)
+}
+
+/// Loads the table (unless a complete one is there), measures the physical reference, then
+/// runs each configuration of `plan` in a process of its own; prints nothing on stdout.
+pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
+    let Plan { rows, lookups, .. } = *plan;
+    let memory_mb = plan.memory_mb;
     let db_path = storage.data_dir.join(format!("lookup-{rows}.db"));
-    load(&db_path, rows, c.reload)?;
-    let size_mb = db_bytes(&db_path) >> 20;
+    load(&db_path, rows, plan.reload)?;
+    let database_bytes = db_bytes(&db_path);
+    let size_mb = database_bytes >> 20;
     let enough_mb = size_mb * 3 / 2 + 64;
-    let fast_db = storage.on_fast_disk("lookup", &db_path, c.reload)?;
-    let reference = measure_reference(c, &storage)?;
+    let min_extension_mb = bpe_core::extension::MIN_EXTENSION_BYTES.div_ceil(1 << 20);
+    let extension_mb = plan
+        .extension_mb
+        .unwrap_or_else(|| (size_mb * 4).max(memory_mb * 2).max(min_extension_mb));
+    let fast_db = storage.on_fast_disk("lookup", &db_path, plan.reload)?;
+    let reference = reference::of(storage, plan.reference_mib)?;
     let mut report = BenchReport::new("lookup", storage.clone(), reference);
     report.parameters = json!({
         "rows": rows, "row_bytes": ROW_BYTES, "lookups": lookups, "limited_memory_mb": memory_mb,
         "enough_memory_mb": enough_mb, "extension_mb": extension_mb, "database_mb": size_mb,
-        "pager_cache_kib": db::PAGER_CACHE_KIB, "quick": quick,
+        "database_bytes": database_bytes, "database": db_path,
+        "pager_cache_kib": db::PAGER_CACHE_KIB, "quick": plan.quick,
     });
-    print_storage(&storage, report.reference.as_ref());
-    println!(
-        "database:     {} ({size_mb} MB, {rows} rows)",
-        db_path.display()
-    );
     let runner = Runner {
         bench: "lookup",
-        storage: &storage,
-        sample_ms: c.sample_ms,
+        storage,
+        sample_ms: plan.sample_ms,
     };
     for (name, _) in CONFIGS {
-        if !selected(c.configs.as_deref(), name) {
+        if !selected(plan.configs.as_deref(), name) {
             continue;
         }
         let description = describe(name, memory_mb, extension_mb);
@@ -107,7 +182,6 @@ pub fn run(a: &LookupArgs) -> anyhow::Result<BenchReport> {
             .extend(runner.run(setup, run, memory, device)?);
     }
     report.summary = summarize(&report, lookups);
-    print_results(&report);
     Ok(report)
 }
 
@@ -154,40 +228,37 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         sp.finish_and_clear();
         details["warm"] = warm.fill_summary();
     }
-    let ops = Arc::new(AtomicU64::new(0));
-    let before = db::snapshot();
-    let sampler = Sampler::start(Duration::from_millis(sample_ms), ops.clone());
+    details["extension_mb"] = json!(setup.extension.as_ref().map(|e| e.1));
     let pb = progress::bar(cfg.lookups, &setup.name);
     let mut rng = StdRng::seed_from_u64(SEED);
     let mut q = conn.prepare("SELECT n FROM t WHERE id = ?1")?;
-    let t = Instant::now();
-    let mut bytes = 0usize;
-    for i in 0..cfg.lookups {
-        let id = rng.gen_range(1..=cfg.rows) as i64;
-        let n: String = q.query_row([id], |r| r.get(0))?;
-        bytes += n.len();
-        ops.fetch_add(1, Relaxed);
-        if i % 64 == 0 {
-            pb.set_position(i);
+    let mut result = ConfigResult::measure(&setup.name, &setup.description, sample_ms, |ops| {
+        let mut bytes = 0usize;
+        for i in 0..cfg.lookups {
+            let id = rng.gen_range(1..=cfg.rows) as i64;
+            let n: String = q.query_row([id], |r| r.get(0))?;
+            bytes += n.len();
+            ops.fetch_add(1, Relaxed);
+            if i % 64 == 0 {
+                pb.set_position(i);
+            }
         }
-    }
-    let seconds = t.elapsed().as_secs_f64();
-    let after = db::snapshot();
-    let series = sampler.finish();
+        anyhow::ensure!(
+            bytes == cfg.lookups as usize * ROW_BYTES,
+            "a lookup returned a wrong row"
+        );
+        Ok(details)
+    })?;
     pb.finish_and_clear();
-    anyhow::ensure!(
-        bytes == cfg.lookups as usize * ROW_BYTES,
-        "a lookup returned a wrong row"
-    );
-    Ok(vec![ConfigResult {
-        name: setup.name,
-        description: setup.description,
-        seconds,
-        operations: cfg.lookups,
-        counters: Counters::between(&before, &after),
-        series,
-        details,
-    }])
+    // The cumulative counters the engine shows at the end (SQL Server's "/sec" counters are
+    // cumulative too), beside the phase's differences.
+    let total = db::snapshot();
+    result.details["cumulative"] = json!({
+        "page_reads": total.page_reads,
+        "ext_page_reads": total.ext_page_reads,
+        "ext_page_writes": total.ext_page_writes,
+    });
+    Ok(vec![result])
 }
 
 fn summarize(r: &BenchReport, lookups: u64) -> serde_json::Value {

@@ -37,12 +37,23 @@ pub struct Reference {
     pub fio: Option<serde_json::Value>,
 }
 
+/// The size of the reference's scratch file a run asks for, MiB: --reference-mib, or 1024 (256
+/// with --quick).
+pub fn reference_mib(c: &crate::args::CommonArgs) -> u64 {
+    c.reference_mib.unwrap_or(if c.quick { 256 } else { 1024 })
+}
+
 /// The reference for a run on its extension's file system (None with --reference-mib 0).
 pub fn measure_reference(
     c: &crate::args::CommonArgs,
     storage: &crate::storage::Storage,
 ) -> anyhow::Result<Option<Reference>> {
-    let mib = c.reference_mib.unwrap_or(if c.quick { 256 } else { 1024 });
+    of(storage, reference_mib(c))
+}
+
+/// The reference on `storage`'s extension file system with a scratch file of `mib` MiB (None
+/// for 0).
+pub fn of(storage: &crate::storage::Storage, mib: u64) -> anyhow::Result<Option<Reference>> {
     if mib == 0 {
         return Ok(None);
     }

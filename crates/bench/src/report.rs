@@ -54,6 +54,13 @@ impl BenchReport {
     pub fn config(&self, name: &str) -> Option<&ConfigResult> {
         self.configs.iter().find(|c| c.name == name)
     }
+
+    /// Writes the report as JSON to `path` (what --json does).
+    pub fn write_json(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        std::fs::write(path, serde_json::to_string_pretty(self)?)?;
+        eprintln!("results written to {}", path.display());
+        Ok(())
+    }
 }
 
 fn machine() -> Value {

@@ -36,12 +36,18 @@ impl DataDevice {
                 "unknown data device {s:?}: use emulated:hdd, emulated:san, emulated:gp3, emulated:ssd or real"
             ),
         };
-        Ok(DataDevice {
-            name: s.into(),
+        Ok(DataDevice::emulated(s, latency_us, iops))
+    }
+
+    /// An emulated device named `name`: `latency_us` per request, at most `iops` requests a
+    /// second (0: no cap).
+    pub fn emulated(name: &str, latency_us: u64, iops: u32) -> Self {
+        DataDevice {
+            name: name.into(),
             emulated: true,
             latency_us,
             iops,
-        })
+        }
     }
 
     /// No emulation: the database read straight from the disk it is on.
@@ -82,21 +88,29 @@ impl Storage {
             Some(d) => d.clone(),
             None => std::env::current_dir()?.join("bpe-bench-work"),
         };
-        std::fs::create_dir_all(&ext_dir)
-            .with_context(|| format!("creating {}", ext_dir.display()))?;
-        let ext_dir = ext_dir.canonicalize()?;
         let data_dir = match &c.data_dir {
             Some(d) => d.clone(),
             None => ext_dir.join(format!("data-{bench}")),
         };
-        std::fs::create_dir_all(&data_dir)
-            .with_context(|| format!("creating {}", data_dir.display()))?;
-        let data_dir = data_dir.canonicalize()?;
         let device = match (&c.data_device, &c.data_dir) {
             (Some(d), _) => DataDevice::parse(d)?,
             (None, Some(_)) => DataDevice::none(),
             (None, None) => DataDevice::parse("emulated:hdd")?,
         };
+        let mut storage = Storage::at(device, &ext_dir, &data_dir)?;
+        storage.own_data_dir = c.data_dir.is_some();
+        Ok(storage)
+    }
+
+    /// Extension files in `ext_dir` and databases in `data_dir` (made if missing), read through
+    /// `device`.
+    pub fn at(device: DataDevice, ext_dir: &Path, data_dir: &Path) -> anyhow::Result<Self> {
+        let canonical = |dir: &Path| -> anyhow::Result<PathBuf> {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            Ok(dir.canonicalize()?)
+        };
+        let ext_dir = canonical(ext_dir)?;
+        let data_dir = canonical(data_dir)?;
         let ext_fs = fs_type(&ext_dir);
         if ext_fs == "tmpfs" || ext_fs == "ramfs" {
             eprintln!(
@@ -110,7 +124,7 @@ impl Storage {
             data_dir,
             ext_fs,
             ext_dir,
-            own_data_dir: c.data_dir.is_some(),
+            own_data_dir: false,
         })
     }
 

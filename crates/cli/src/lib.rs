@@ -1,5 +1,5 @@
-//! The `sqlite-bpe` command as a library: the shell, the demo (whose measurement the benchmarks
-//! can reuse), and the text tables they print.
+//! The `sqlite-bpe` command as a library: the shell, the demo (the benchmarks' lookup experiment
+//! at demo scale), and the text tables they print.
 //!
 //! Everything runs on SQLite through the adapter's `bpe` VFS, so the buffer pool and its
 //! extension sit under every page SQLite reads.

@@ -26,7 +26,7 @@ enum Command {
         /// The database file (or a file: URI).
         db: String,
     },
-    /// The lookup experiment in small, on an emulated slow disk (about a minute).
+    /// The lookup benchmark in small, on an emulated slow disk (about a minute).
     ///
     /// Three configurations: RAM-resident, limited memory, limited memory with the extension.
     /// No flags needed.
@@ -36,6 +36,11 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    // A configuration's process of the benchmarks or the demo (the same command line, run
+    // again with the configuration in the environment).
+    if let Some(done) = bpe_bench::run_child() {
+        return done;
+    }
     match Cli::parse().command {
         Command::Shell { db } => {
             let code = shell::run(&db)?;

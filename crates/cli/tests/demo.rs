@@ -18,7 +18,7 @@ fn the_demo_prints_all_three_configurations() {
             "--memory-mb",
             "1",
         ])
-        .args(["--latency-us", "200", "--quiet", "--dir"])
+        .args(["--latency-us", "200", "--dir"])
         .arg(dir.path())
         .output()
         .unwrap();
