@@ -24,6 +24,7 @@ mod report;
 mod sampler;
 mod scan;
 mod storage;
+pub mod table;
 mod tpcc;
 mod tpch;
 

@@ -4,6 +4,7 @@ use crate::db::Counters;
 use crate::reference::Reference;
 use crate::sampler::Sample;
 use crate::storage::Storage;
+use crate::table::Table;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -90,33 +91,9 @@ fn machine() -> Value {
 /// Prints rows under headers, columns padded to their widest cell, the first `left` columns
 /// left-aligned and the others right-aligned.
 pub fn print_table_left(headers: &[&str], rows: &[Vec<String>], left: usize) {
-    let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            if i < w.len() {
-                w[i] = w[i].max(c.chars().count());
-            }
-        }
-    }
-    let line = |cells: Vec<String>| {
-        let parts: Vec<String> = cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                if i < left {
-                    format!("{c:<width$}", width = w[i])
-                } else {
-                    format!("{c:>width$}", width = w[i])
-                }
-            })
-            .collect();
-        println!("{}", parts.join("  ").trim_end());
-    };
-    line(headers.iter().map(|s| s.to_string()).collect());
-    line(w.iter().map(|n| "-".repeat(*n)).collect());
-    for r in rows {
-        line(r.clone());
-    }
+    let mut table = Table::new(headers.iter().copied()).left_columns(left);
+    table.rows = rows.to_vec();
+    print!("{}", table.render());
 }
 
 /// Prints a blank line, then a row per configuration of `r`: its name and description, then

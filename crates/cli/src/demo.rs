@@ -12,9 +12,9 @@
 //! `BPE_DATA_IOPS`), so that the demo needs no SAN and finishes in about a minute. The files go
 //! to a temporary directory, removed at the end. [`measure`] is the experiment without printing.
 
-use crate::report::{thousands, Table};
 use anyhow::{bail, Context};
 use bpe_bench::lookup::{self, Plan};
+use bpe_bench::table::{thousands, Table};
 use bpe_bench::{BenchReport, ConfigResult, DataDevice, Storage};
 use std::path::PathBuf;
 

@@ -10,8 +10,8 @@
 //!   by `GO 3` inserts three rows, as sqlcmd would.
 //! - An error is printed to stderr and the shell goes on; a script with errors exits with 1.
 
-use crate::report::Table;
 use crate::tsql::{self, Part};
+use bpe_bench::table::Table;
 use rusqlite::fallible_iterator::FallibleIterator;
 use rusqlite::types::ValueRef;
 use rusqlite::Connection;

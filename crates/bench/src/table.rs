@@ -1,12 +1,16 @@
-//! Aligned text tables: query results in the shell, results of the demo.
+//! Aligned text tables: the benchmarks' results, and the CLI's (query results in the shell, the
+//! demo's results).
 
 use std::fmt::Write as _;
 
-/// A table of text cells under headers. Cells that look like numbers are right-aligned.
+/// A table of text cells under headers. Columns of cells that look like numbers are
+/// right-aligned, the others left-aligned, unless [`Table::left_columns`] says which.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Table {
     pub headers: Vec<String>,
     pub rows: Vec<Vec<String>>,
+    /// Some(n): the first n columns left-aligned, the others right-aligned, whatever they hold.
+    pub left: Option<usize>,
 }
 
 impl Table {
@@ -14,7 +18,14 @@ impl Table {
         Table {
             headers: headers.into_iter().map(Into::into).collect(),
             rows: Vec::new(),
+            left: None,
         }
+    }
+
+    /// The first `n` columns left-aligned, the others right-aligned.
+    pub fn left_columns(mut self, n: usize) -> Table {
+        self.left = Some(n);
+        self
     }
 
     pub fn push<S: Into<String>>(&mut self, row: impl IntoIterator<Item = S>) {
@@ -31,9 +42,12 @@ impl Table {
             }
         }
         let numeric: Vec<bool> = (0..columns)
-            .map(|c| {
-                let mut cells = self.rows.iter().filter_map(|r| r.get(c)).peekable();
-                cells.peek().is_some() && cells.all(|cell| looks_numeric(cell))
+            .map(|c| match self.left {
+                Some(n) => c >= n,
+                None => {
+                    let mut cells = self.rows.iter().filter_map(|r| r.get(c)).peekable();
+                    cells.peek().is_some() && cells.all(|cell| looks_numeric(cell))
+                }
             })
             .collect();
         let mut out = String::new();
@@ -102,6 +116,17 @@ mod tests {
         assert_eq!(
             t.render(),
             "name         value\n-----------  -----\na                1\nlonger name  12345\n"
+        );
+    }
+
+    #[test]
+    fn chosen_columns_go_left() {
+        let mut t = Table::new(["name", "what", "time"]).left_columns(2);
+        t.push(["a", "1", "1.5 s"]);
+        t.push(["bb", "22", "12 ms"]);
+        assert_eq!(
+            t.render(),
+            "name  what   time\n----  ----  -----\na     1     1.5 s\nbb    22    12 ms\n"
         );
     }
 
