@@ -50,8 +50,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     write_outputs(&report, common)
 }
 
-/// In a configuration's process (see [`child`]): runs the configuration, hands its results to
-/// the parent and returns how that went. None in any other process.
+/// In a configuration's process (one a benchmark or the demo started, with `BPE_BENCH_CHILD`
+/// naming the configuration): runs the configuration, hands its results to the parent and
+/// returns how that went. None in any other process.
 pub fn run_child() -> Option<anyhow::Result<()>> {
     let spec = child::spec_from_env()?;
     let results = match spec.bench.as_str() {

@@ -213,7 +213,10 @@ fn load(path: &Path, rows: u64, reload: bool) -> anyhow::Result<()> {
 }
 
 /// The child: one configuration, timed.
-pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<ConfigResult>> {
+pub(crate) fn child(
+    config: serde_json::Value,
+    sample_ms: u64,
+) -> anyhow::Result<Vec<ConfigResult>> {
     let (setup, cfg, conn) = start::<Lookups>(config)?;
     let mut details = json!({});
     if cfg.warm {
