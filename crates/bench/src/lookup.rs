@@ -141,7 +141,7 @@ pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
     let database_bytes = db_bytes(&db_path);
     let size_mb = database_bytes >> 20;
     let enough_mb = size_mb * 3 / 2 + 64;
-    let min_extension_mb = bpe_core::extension::MIN_EXTENSION_BYTES.div_ceil(1 << 20);
+    let min_extension_mb = bpe_core::MIN_EXTENSION_BYTES.div_ceil(1 << 20);
     let extension_mb = plan
         .extension_mb
         .unwrap_or_else(|| (size_mb * 4).max(memory_mb * 2).max(min_extension_mb));

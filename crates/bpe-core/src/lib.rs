@@ -27,7 +27,7 @@ pub use engine::{
     ExtensionState, ExtensionStatus, PageRead, Settings, Via,
 };
 pub use error::{Error, Result};
-pub use extension::initial_index_bytes;
+pub use extension::{initial_index_bytes, MIN_EXTENSION_BYTES};
 pub use files::{FileHandle, FileInfo, KnownStamp, OpenKind, OpenRequest};
 pub use io::{AlignedBuf, DataDevice, FileIdentity, FileStamp};
 pub use page::{FileKey, PageKey, Tier};

@@ -39,7 +39,7 @@ pub mod lex;
 mod parser;
 pub mod size;
 
-use bpe_core::extension::initial_index_bytes;
+use bpe_core::initial_index_bytes;
 use bpe_core::{
     check_extension_size, check_max_memory, effective_extension_size, Engine, Error,
     ExtensionState, Settings,
