@@ -205,6 +205,18 @@ fn page_shaped(amt: c_int, off: i64) -> bool {
     (512..=65536).contains(&amt) && (amt as u64).is_power_of_two() && off % amt == 0
 }
 
+/// SQLite reads and writes whole pages: a page-shaped request of another size than the file's
+/// is the file's page size from now on. Ok(true) when it changed.
+fn adopt_page_size(conn: &Conn, amt: c_int) -> Result<bool, ()> {
+    if conn.handle.page_size() == amt as usize {
+        return Ok(false);
+    }
+    conn.engine
+        .set_page_size(&conn.handle, amt as usize)
+        .map(|()| true)
+        .map_err(|_| ())
+}
+
 /// The SQLite code for a core error: SQLite's own code where its method failed, else `default`.
 fn io_code(e: &Error, default: c_int) -> c_int {
     match e {
@@ -239,12 +251,7 @@ unsafe extern "C" fn read(f: *mut sqlite3_file, buf: *mut c_void, amt: c_int, of
         // SAFETY: buf has amt writable bytes.
         let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, amt as usize) };
         if page_shaped(amt, off) {
-            if conn.handle.page_size() != amt as usize
-                && conn
-                    .engine
-                    .set_page_size(&conn.handle, amt as usize)
-                    .is_err()
-            {
+            if adopt_page_size(conn, amt).is_err() {
                 return SQLITE_IOERR_READ;
             }
             let device = UnixFile(real);
@@ -281,15 +288,11 @@ unsafe extern "C" fn write(
         let data = unsafe { std::slice::from_raw_parts(buf as *const u8, amt as usize) };
         conn.begin_writing();
         if page_shaped(amt, off) {
-            if conn.handle.page_size() != amt as usize {
-                conn.txn_unloggable = true;
-                if conn
-                    .engine
-                    .set_page_size(&conn.handle, amt as usize)
-                    .is_err()
-                {
-                    return SQLITE_IOERR_WRITE;
-                }
+            match adopt_page_size(conn, amt) {
+                Err(()) => return SQLITE_IOERR_WRITE,
+                // Peers cannot follow a page-size change page by page.
+                Ok(true) => conn.txn_unloggable = true,
+                Ok(false) => {}
             }
             let device = UnixFile(real);
             let page = off as u64 / amt as u64;

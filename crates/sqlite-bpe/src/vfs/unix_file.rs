@@ -37,47 +37,35 @@ pub fn sqlite_code(e: &std::io::Error) -> Option<c_int> {
         .map(|c| c.0)
 }
 
+/// An SQLite result code as an I/O result, the code carried in the error.
+fn as_io(rc: c_int) -> std::io::Result<()> {
+    match rc {
+        SQLITE_OK => Ok(()),
+        rc => Err(std::io::Error::other(SqliteCode(rc))),
+    }
+}
+
 /// The unix file of one connection, as a device.
 pub struct UnixFile(pub *mut sqlite3_file);
 
 impl DataDevice for UnixFile {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
-        let rc = unix!(
-            self.0,
-            xRead,
-            buf.as_mut_ptr() as *mut c_void,
-            buf.len() as c_int,
-            offset as i64
-        );
-        match rc {
-            SQLITE_OK => Ok(buf.len()),
-            SQLITE_IOERR_SHORT_READ => {
-                // SQLite zero-filled the rest; how much was there is the file's size.
-                let mut size = 0i64;
-                let rc = unix!(self.0, xFileSize, &mut size);
-                if rc != SQLITE_OK {
-                    return Err(std::io::Error::other(SqliteCode(rc)));
-                }
-                Ok((size.max(0) as u64)
-                    .saturating_sub(offset)
-                    .min(buf.len() as u64) as usize)
-            }
-            rc => Err(std::io::Error::other(SqliteCode(rc))),
+        let (ptr, len) = (buf.as_mut_ptr() as *mut c_void, buf.len() as c_int);
+        let rc = unix!(self.0, xRead, ptr, len, offset as i64);
+        if rc != SQLITE_IOERR_SHORT_READ {
+            return as_io(rc).map(|()| buf.len());
         }
+        // SQLite zero-filled the rest; how much was there is the file's size.
+        let mut size = 0i64;
+        as_io(unix!(self.0, xFileSize, &mut size))?;
+        Ok((size.max(0) as u64)
+            .saturating_sub(offset)
+            .min(buf.len() as u64) as usize)
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        let rc = unix!(
-            self.0,
-            xWrite,
-            data.as_ptr() as *const c_void,
-            data.len() as c_int,
-            offset as i64
-        );
-        match rc {
-            SQLITE_OK => Ok(()),
-            rc => Err(std::io::Error::other(SqliteCode(rc))),
-        }
+        let (ptr, len) = (data.as_ptr() as *const c_void, data.len() as c_int);
+        as_io(unix!(self.0, xWrite, ptr, len, offset as i64))
     }
 }
 

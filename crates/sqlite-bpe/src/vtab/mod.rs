@@ -75,19 +75,28 @@ static MODULE: sqlite3_module = sqlite3_module {
     ..unsafe { std::mem::zeroed() }
 };
 
-unsafe extern "C" fn connect(
-    db: *mut sqlite3,
-    aux: *mut c_void,
-    _argc: c_int,
-    _argv: *const *const c_char,
-    out: *mut *mut sqlite3_vtab,
-    _err: *mut *mut c_char,
-) -> c_int {
-    crate::ffi::guard(SQLITE_ERROR, "virtual table xconnect", || {
-        // SAFETY: forwarded from SQLite's call.
-        unsafe { connect_inner(db, aux, _argc, _argv, out, _err) }
-    })
+/// The `extern "C"` method SQLite calls, `$name`: runs `$inner` with a panic made SQLITE_ERROR.
+macro_rules! guarded {
+    ($name:ident => $inner:ident($($arg:ident: $ty:ty),*)) => {
+        unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+            crate::ffi::guard(SQLITE_ERROR, concat!("virtual table x", stringify!($name)), || {
+                // SAFETY: forwarded from SQLite's call; $inner has the method's contract.
+                unsafe { $inner($($arg),*) }
+            })
+        }
+    };
 }
+
+guarded!(connect => connect_inner(db: *mut sqlite3, aux: *mut c_void, _argc: c_int, _argv: *const *const c_char, out: *mut *mut sqlite3_vtab, _err: *mut *mut c_char));
+guarded!(disconnect => disconnect_inner(vtab: *mut sqlite3_vtab));
+guarded!(best_index => best_index_inner(_vtab: *mut sqlite3_vtab, info: *mut sqlite3_index_info));
+guarded!(open => open_inner(_vtab: *mut sqlite3_vtab, out: *mut *mut sqlite3_vtab_cursor));
+guarded!(close => close_inner(cur: *mut sqlite3_vtab_cursor));
+guarded!(filter => filter_inner(cur: *mut sqlite3_vtab_cursor, _idx: c_int, _idx_str: *const c_char, _argc: c_int, _argv: *mut *mut sqlite3_value));
+guarded!(next => next_inner(cur: *mut sqlite3_vtab_cursor));
+guarded!(eof => eof_inner(cur: *mut sqlite3_vtab_cursor));
+guarded!(column => column_inner(cur: *mut sqlite3_vtab_cursor, ctx: *mut sqlite3_context, i: c_int));
+guarded!(rowid => rowid_inner(cur: *mut sqlite3_vtab_cursor, out: *mut sqlite3_int64));
 
 /// # Safety
 /// As the virtual-table method it implements.
@@ -116,26 +125,12 @@ unsafe fn connect_inner(
     SQLITE_OK
 }
 
-unsafe extern "C" fn disconnect(vtab: *mut sqlite3_vtab) -> c_int {
-    crate::ffi::guard(SQLITE_ERROR, "virtual table xdisconnect", || {
-        // SAFETY: forwarded from SQLite's call.
-        unsafe { disconnect_inner(vtab) }
-    })
-}
-
 /// # Safety
 /// As the virtual-table method it implements.
 unsafe fn disconnect_inner(vtab: *mut sqlite3_vtab) -> c_int {
     // SAFETY: vtab was made by connect from a Box<Table>.
     drop(unsafe { Box::from_raw(vtab as *mut Table) });
     SQLITE_OK
-}
-
-unsafe extern "C" fn best_index(_vtab: *mut sqlite3_vtab, info: *mut sqlite3_index_info) -> c_int {
-    crate::ffi::guard(SQLITE_ERROR, "virtual table xbest_index", || {
-        // SAFETY: forwarded from SQLite's call.
-        unsafe { best_index_inner(_vtab, info) }
-    })
 }
 
 /// # Safety
@@ -145,13 +140,6 @@ unsafe fn best_index_inner(_vtab: *mut sqlite3_vtab, info: *mut sqlite3_index_in
     // SAFETY: info is SQLite's, valid for this call.
     unsafe { (*info).estimatedCost = 1000.0 };
     SQLITE_OK
-}
-
-unsafe extern "C" fn open(_vtab: *mut sqlite3_vtab, out: *mut *mut sqlite3_vtab_cursor) -> c_int {
-    crate::ffi::guard(SQLITE_ERROR, "virtual table xopen", || {
-        // SAFETY: forwarded from SQLite's call.
-        unsafe { open_inner(_vtab, out) }
-    })
 }
 
 /// # Safety
@@ -168,32 +156,12 @@ unsafe fn open_inner(_vtab: *mut sqlite3_vtab, out: *mut *mut sqlite3_vtab_curso
     SQLITE_OK
 }
 
-unsafe extern "C" fn close(cur: *mut sqlite3_vtab_cursor) -> c_int {
-    crate::ffi::guard(SQLITE_ERROR, "virtual table xclose", || {
-        // SAFETY: forwarded from SQLite's call.
-        unsafe { close_inner(cur) }
-    })
-}
-
 /// # Safety
 /// As the virtual-table method it implements.
 unsafe fn close_inner(cur: *mut sqlite3_vtab_cursor) -> c_int {
     // SAFETY: made by open from a Box<Cursor>.
     drop(unsafe { Box::from_raw(cur as *mut Cursor) });
     SQLITE_OK
-}
-
-unsafe extern "C" fn filter(
-    cur: *mut sqlite3_vtab_cursor,
-    _idx: c_int,
-    _idx_str: *const c_char,
-    _argc: c_int,
-    _argv: *mut *mut sqlite3_value,
-) -> c_int {
-    crate::ffi::guard(SQLITE_ERROR, "virtual table xfilter", || {
-        // SAFETY: forwarded from SQLite's call.
-        unsafe { filter_inner(cur, _idx, _idx_str, _argc, _argv) }
-    })
 }
 
 /// # Safety
@@ -214,13 +182,6 @@ unsafe fn filter_inner(
     SQLITE_OK
 }
 
-unsafe extern "C" fn next(cur: *mut sqlite3_vtab_cursor) -> c_int {
-    crate::ffi::guard(SQLITE_ERROR, "virtual table xnext", || {
-        // SAFETY: forwarded from SQLite's call.
-        unsafe { next_inner(cur) }
-    })
-}
-
 /// # Safety
 /// As the virtual-table method it implements.
 unsafe fn next_inner(cur: *mut sqlite3_vtab_cursor) -> c_int {
@@ -229,30 +190,12 @@ unsafe fn next_inner(cur: *mut sqlite3_vtab_cursor) -> c_int {
     SQLITE_OK
 }
 
-unsafe extern "C" fn eof(cur: *mut sqlite3_vtab_cursor) -> c_int {
-    crate::ffi::guard(SQLITE_ERROR, "virtual table xeof", || {
-        // SAFETY: forwarded from SQLite's call.
-        unsafe { eof_inner(cur) }
-    })
-}
-
 /// # Safety
 /// As the virtual-table method it implements.
 unsafe fn eof_inner(cur: *mut sqlite3_vtab_cursor) -> c_int {
     // SAFETY: cur is our Cursor.
     let cursor = unsafe { &*(cur as *const Cursor) };
     (cursor.pos >= cursor.rows.len()) as c_int
-}
-
-unsafe extern "C" fn column(
-    cur: *mut sqlite3_vtab_cursor,
-    ctx: *mut sqlite3_context,
-    i: c_int,
-) -> c_int {
-    crate::ffi::guard(SQLITE_ERROR, "virtual table xcolumn", || {
-        // SAFETY: forwarded from SQLite's call.
-        unsafe { column_inner(cur, ctx, i) }
-    })
 }
 
 /// # Safety
@@ -271,13 +214,6 @@ unsafe fn column_inner(
         Some(Value::Null) | None => ctx.null(),
     }
     SQLITE_OK
-}
-
-unsafe extern "C" fn rowid(cur: *mut sqlite3_vtab_cursor, out: *mut sqlite3_int64) -> c_int {
-    crate::ffi::guard(SQLITE_ERROR, "virtual table xrowid", || {
-        // SAFETY: forwarded from SQLite's call.
-        unsafe { rowid_inner(cur, out) }
-    })
 }
 
 /// # Safety
