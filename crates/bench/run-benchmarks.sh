@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the benchmarks at the scales docs/BENCHMARKS.md reports, writing JSON to $OUT and plots to
 # docs/img. Takes about an hour on a 2-core machine. Usage:
-#   crates/bench/run-benchmarks.sh [lookup|scan|oltp|dw|slowvol ...]   (default: all but slowvol)
+#   crates/bench/run-benchmarks.sh [lookup|scan|oltp|dw|autocommit|slowvol ...]   (default: all but
+#   autocommit and slowvol)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-bench-results}
@@ -23,12 +24,20 @@ for what in "${@:-lookup scan oltp dw}"; do
       scan) run scan-hdd scan --data-device emulated:hdd ;;
       oltp) run oltp-gp3 oltp --data-device emulated:gp3 --warehouses "${WAREHOUSES:-10}" --seconds "${SECONDS_PER_CONFIG:-120}" ;;
       dw) run dw-san dw --data-device emulated:san --scale "${SCALE:-0.1}" ;;
+      autocommit)
+        run autocommit-2ms autocommit --data-device emulated:2ms
+        run autocommit-real autocommit --data-device real ;;
       slowvol)
         # The kernel-throttled slow volume (150 read IOPS) instead of the emulation.
         vol=$("$SLOWVOL" up bench 8 150)
         B=("$SLOWVOL" run bench -- "$OUT/bpe-bench")
         run lookup-slowvol lookup --data-dir "$vol"
         run scan-slowvol scan --data-dir "$vol"
+        # Stock SQLite beside bpe (16 MB page cache in a 48 MB memory cgroup against 16 MB +
+        # a 512 MB extension), 195 MB table, both journal modes.
+        for j in wal delete; do
+          run "lookup-slowvol-stock-$j" lookup --quick --rows 200000 --extension-mb 512 --journal "$j" --data-dir "$vol"
+        done
         B=("$OUT/bpe-bench")
         "$SLOWVOL" down bench ;;
       *) echo "unknown benchmark $w" >&2; exit 2 ;;

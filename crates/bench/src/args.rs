@@ -1,4 +1,4 @@
-//! Command-line arguments: `sqlite-bpe bench <lookup|scan|oltp|dw> [options]`.
+//! Command-line arguments: `sqlite-bpe bench <lookup|scan|oltp|dw|autocommit> [options]`.
 
 use std::path::PathBuf;
 
@@ -11,7 +11,8 @@ pub struct BenchArgs {
 
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum Experiment {
-    /// 10,000 random point selects on 1,000,000 rows of 1000 bytes (five configurations).
+    /// 10,000 random point selects on 1,000,000 rows of 1000 bytes (five configurations, and
+    /// stock SQLite beside them on a real device).
     Lookup(LookupArgs),
     /// SELECT AVG(ActualCost) over a ~1 GB transaction history: cold, warm, 256 MB, extension.
     Scan(ScanArgs),
@@ -19,6 +20,10 @@ pub enum Experiment {
     Oltp(OltpArgs),
     /// TPC-H's 22 queries at a scale exceeding memory, extension on and off.
     Dw(DwArgs),
+    /// The cost of a read transaction: autocommit point lookups against lookups in one
+    /// transaction, rollback journal and WAL, bpe and stock SQLite, alone and beside a plain
+    /// SQLite writer process.
+    Autocommit(AutocommitArgs),
     /// Draws the plot of a saved --json result again.
     Plot(PlotArgs),
 }
@@ -35,8 +40,10 @@ pub struct PlotArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct CommonArgs {
     /// Data device: `emulated:hdd` (8 ms, 150 IOPS), `emulated:san` (1 ms), `emulated:gp3`
-    /// (1 ms, 3000 IOPS), `emulated:ssd` (none), or `real` (no emulation: whatever device
-    /// --data-dir is on). Default: emulated:hdd, or real when --data-dir is given.
+    /// (1 ms, 3000 IOPS), `emulated:ssd` (none), `emulated:2ms`, `emulated:500us`,
+    /// `emulated:8ms:150` (latency, optional IOPS cap), or `real` (no emulation: whatever
+    /// device --data-dir is on). Default: emulated:hdd (autocommit: emulated:2ms), or real
+    /// when --data-dir is given.
     #[arg(long, value_name = "DEVICE")]
     pub data_device: Option<String>,
     /// Directory for the database files (e.g. a slow volume). Default: under --ext-dir.
@@ -86,6 +93,33 @@ pub struct LookupArgs {
     /// Extension size in MB (default 4096; 256 with --quick).
     #[arg(long)]
     pub extension_mb: Option<u64>,
+    /// Journal mode of the timed runs.
+    #[arg(long, value_enum, default_value_t = crate::db::Journal::Wal)]
+    pub journal: crate::db::Journal,
+    /// Memory limit in MB of the cgroup (v1 memory controller) that `stock_limited_memory` runs
+    /// in: SQLite's page cache of --memory-mb, the process and the OS page cache of the data
+    /// file together (default 3 x --memory-mb).
+    #[arg(long, value_name = "MB")]
+    pub cgroup_mb: Option<u64>,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct AutocommitArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Rows of 1000 bytes in the table (default 20,000; 4,000 with --quick).
+    #[arg(long)]
+    pub rows: Option<u64>,
+    /// `max server memory` in MB for bpe and SQLite's page cache for stock SQLite (default:
+    /// enough for the whole database).
+    #[arg(long)]
+    pub memory_mb: Option<u64>,
+    /// Seconds each configuration reads (default 5; 1 with --quick).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// The plain SQLite writer beside the reader commits one updated row every MS.
+    #[arg(long, default_value_t = 10, value_name = "MS")]
+    pub writer_interval_ms: u64,
 }
 
 #[derive(clap::Args, Debug, Clone)]

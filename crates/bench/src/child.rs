@@ -1,15 +1,16 @@
 //! One configuration per child process: the current executable run again with the same
 //! arguments and `BPE_BENCH_CHILD` set to the configuration (JSON). The engine is created in the
 //! child from the environment the parent gives it, so memory, emulation and caches never leak
-//! from one configuration into the next.
+//! from one configuration into the next. A configuration's process may start helpers the same
+//! way (e.g. a plain SQLite writer beside it), without the engine's settings.
 
-use crate::db;
+use crate::db::{self, Journal, Sqlite};
 use crate::report::ConfigResult;
 use crate::storage::Storage;
 use anyhow::{bail, Context};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 
 const CHILD_ENV: &str = "BPE_BENCH_CHILD";
 
@@ -17,7 +18,7 @@ const CHILD_ENV: &str = "BPE_BENCH_CHILD";
 pub struct ChildSpec {
     pub bench: String,
     pub config: serde_json::Value,
-    /// Where the child writes its `Vec<ConfigResult>`.
+    /// Where the child writes its results (a configuration's `Vec<ConfigResult>`).
     pub result: PathBuf,
     pub sample_ms: u64,
 }
@@ -31,6 +32,11 @@ pub struct Setup {
     pub db: PathBuf,
     /// The extension it enables first: file and size in MB.
     pub extension: Option<(PathBuf, u64)>,
+    /// The SQLite it runs on: the bpe VFS or stock SQLite.
+    pub sqlite: Sqlite,
+    pub journal: Journal,
+    /// A memory cgroup (v1) the process moves into before it opens anything.
+    pub memory_cgroup: Option<PathBuf>,
 }
 
 /// A configuration as the child gets it: the setup, and what the benchmark runs on it.
@@ -40,6 +46,48 @@ struct Config<T> {
     setup: Setup,
     #[serde(flatten)]
     run: T,
+}
+
+impl ChildSpec {
+    /// `bench` with `config`, its results to a file in `work_dir` named after `role`.
+    fn new(
+        bench: &str,
+        config: serde_json::Value,
+        work_dir: &Path,
+        role: &str,
+        sample_ms: u64,
+    ) -> ChildSpec {
+        let result = work_dir.join(format!("bench-{role}-{}.json", std::process::id()));
+        let _ = std::fs::remove_file(&result);
+        ChildSpec {
+            bench: bench.into(),
+            config,
+            result,
+            sample_ms,
+        }
+    }
+
+    /// This executable again, with this process's arguments, running the spec.
+    fn command(&self) -> anyhow::Result<Command> {
+        // /proc/self/exe still names this process's executable after a rebuild replaced the
+        // file.
+        let exe = match Path::new("/proc/self/exe").exists() {
+            true => PathBuf::from("/proc/self/exe"),
+            false => std::env::current_exe().context("finding the current executable")?,
+        };
+        let mut cmd = Command::new(exe);
+        cmd.args(std::env::args_os().skip(1))
+            .env(CHILD_ENV, serde_json::to_string(self)?);
+        Ok(cmd)
+    }
+
+    /// What the process wrote with [`write_results`], once it exited.
+    fn take_results<T: DeserializeOwned>(&self) -> anyhow::Result<T> {
+        let text = std::fs::read_to_string(&self.result)
+            .with_context(|| format!("reading the results of the {} process", self.bench))?;
+        let _ = std::fs::remove_file(&self.result);
+        Ok(serde_json::from_str(&text)?)
+    }
 }
 
 /// The configuration this process runs, if it is a configuration's process.
@@ -70,6 +118,9 @@ impl Runner<'_> {
             description,
             db: db.to_path_buf(),
             extension: extension_mb.map(|mb| (self.storage.extension_path(name), mb)),
+            sqlite: Sqlite::Bpe,
+            journal: Journal::Wal,
+            memory_cgroup: None,
         }
     }
 
@@ -84,25 +135,16 @@ impl Runner<'_> {
         emulated: bool,
     ) -> anyhow::Result<Vec<ConfigResult>> {
         eprintln!("== {}: {}", setup.name, setup.description);
-        let work_dir = &self.storage.ext_dir;
-        let result = work_dir.join(format!("bench-result-{}.json", std::process::id()));
-        let _ = std::fs::remove_file(&result);
-        let spec = ChildSpec {
-            bench: self.bench.into(),
-            config: serde_json::to_value(Config { setup, run })?,
-            result: result.clone(),
-            sample_ms: self.sample_ms,
-        };
-        // /proc/self/exe still names this process's executable after a rebuild replaced the
-        // file.
-        let exe = match std::path::Path::new("/proc/self/exe").exists() {
-            true => PathBuf::from("/proc/self/exe"),
-            false => std::env::current_exe().context("finding the current executable")?,
-        };
-        let mut cmd = Command::new(exe);
-        cmd.args(std::env::args_os().skip(1))
-            .env(CHILD_ENV, serde_json::to_string(&spec)?)
-            .env("BPE_MAX_SERVER_MEMORY_MB", memory_mb.to_string())
+        let config = serde_json::to_value(Config { setup, run })?;
+        let spec = ChildSpec::new(
+            self.bench,
+            config,
+            &self.storage.ext_dir,
+            "result",
+            self.sample_ms,
+        );
+        let mut cmd = spec.command()?;
+        cmd.env("BPE_MAX_SERVER_MEMORY_MB", memory_mb.to_string())
             .env("BPE_DIRECT_IO", "1");
         let device = &self.storage.data_device;
         if emulated && device.emulated {
@@ -118,27 +160,67 @@ impl Runner<'_> {
         if !status.success() {
             bail!("{} configuration failed ({status})", self.bench);
         }
-        let text =
-            std::fs::read_to_string(&result).context("reading the configuration's results")?;
-        let _ = std::fs::remove_file(&result);
-        Ok(serde_json::from_str(&text)?)
+        spec.take_results()
+    }
+}
+
+/// A helper process a configuration's process started: this executable again, running `bench`
+/// (a name [`crate::run_child`] knows) with its configuration, with none of the engine's
+/// settings in its environment, its stdin and stdout piped to the starter.
+pub struct Helper {
+    pub process: Child,
+    spec: ChildSpec,
+}
+
+impl Helper {
+    /// Starts `bench` with `config`; its results go through a file in `work_dir`.
+    pub fn start<C: Serialize>(bench: &str, config: &C, work_dir: &Path) -> anyhow::Result<Self> {
+        let spec = ChildSpec::new(bench, serde_json::to_value(config)?, work_dir, "helper", 0);
+        let mut cmd = spec.command()?;
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("BPE_") && k != CHILD_ENV {
+                cmd.env_remove(k);
+            }
+        }
+        let process = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting the {bench} process"))?;
+        Ok(Helper { process, spec })
+    }
+
+    /// Waits for the helper to exit and returns what it wrote with [`write_results`].
+    pub fn finish<T: DeserializeOwned>(mut self) -> anyhow::Result<T> {
+        let status = self.process.wait()?;
+        if !status.success() {
+            bail!("the {} process failed ({status})", self.spec.bench);
+        }
+        self.spec.take_results()
     }
 }
 
 /// The child's side, after running its configuration: hands the results to the parent.
-pub fn write_results(spec: &ChildSpec, results: &[ConfigResult]) -> anyhow::Result<()> {
+pub fn write_results<T: Serialize + ?Sized>(spec: &ChildSpec, results: &T) -> anyhow::Result<()> {
     std::fs::write(&spec.result, serde_json::to_vec(results)?)?;
     Ok(())
 }
 
 /// The child's side, first: its configuration (setup and the benchmark's part), and its database
-/// opened through the bpe VFS with every cache of it emptied and the extension enabled.
+/// opened through the setup's SQLite, in its memory cgroup, with every cache of it emptied (the
+/// engine's and the OS page cache) and the extension enabled.
 pub fn start<T: DeserializeOwned>(
     config: serde_json::Value,
 ) -> anyhow::Result<(Setup, T, rusqlite::Connection)> {
     let Config { setup, run } = serde_json::from_value(config)?;
-    let conn = db::open(&setup.db)?;
-    db::drop_clean_buffers(&conn, &setup.db)?;
+    if let Some(path) = &setup.memory_cgroup {
+        crate::cgroup::join(path)?;
+    }
+    let conn = db::open_with(&setup.db, setup.sqlite, setup.journal)?;
+    match setup.sqlite {
+        Sqlite::Bpe => db::drop_clean_buffers(&conn, &setup.db)?,
+        Sqlite::Stock { .. } => db::drop_os_cache(&setup.db),
+    }
     if let Some((path, mb)) = &setup.extension {
         db::enable_extension(&conn, path, *mb)?;
     }

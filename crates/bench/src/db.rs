@@ -23,15 +23,82 @@ fn register() -> anyhow::Result<()> {
     sqlite_bpe::register().map_err(|e| anyhow::anyhow!("cannot register the bpe VFS: {e}"))
 }
 
-/// Opens `path` for a benchmark run, through the bpe VFS.
+/// The journal mode of a timed run (`--journal`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Journal {
+    /// Write-ahead log.
+    Wal,
+    /// Rollback journal (SQLite's default).
+    Delete,
+}
+
+impl Journal {
+    pub fn pragma(self) -> &'static str {
+        match self {
+            Journal::Wal => "WAL",
+            Journal::Delete => "DELETE",
+        }
+    }
+
+    /// As the results name it: `wal` or `rollback`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Journal::Wal => "wal",
+            Journal::Delete => "rollback",
+        }
+    }
+}
+
+/// Which SQLite a timed run goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sqlite {
+    /// The bpe VFS, SQLite's own page cache kept at [`PAGER_CACHE_KIB`].
+    Bpe,
+    /// Stock SQLite: the unix VFS, its page cache given the memory budget (`cache_kib`), the
+    /// OS page cache under it.
+    Stock { cache_kib: u64 },
+}
+
+impl Sqlite {
+    /// The VFS's name.
+    pub fn vfs(self) -> &'static str {
+        match self {
+            Sqlite::Bpe => VFS,
+            Sqlite::Stock { .. } => "unix",
+        }
+    }
+}
+
+/// Opens `path` for a benchmark run, through the bpe VFS, in WAL mode.
 pub fn open(path: &Path) -> anyhow::Result<Connection> {
-    register()?;
+    open_with(path, Sqlite::Bpe, Journal::Wal)
+}
+
+/// Opens `path` for a benchmark run through `sqlite` in `journal` mode.
+pub fn open_with(path: &Path, sqlite: Sqlite, journal: Journal) -> anyhow::Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
         | OpenFlags::SQLITE_OPEN_URI;
-    let conn = Connection::open_with_flags_and_vfs(path, flags, VFS)?;
-    configure(&conn)?;
+    let (conn, cache_kib) = match sqlite {
+        Sqlite::Bpe => {
+            register()?;
+            (
+                Connection::open_with_flags_and_vfs(path, flags, VFS)?,
+                PAGER_CACHE_KIB,
+            )
+        }
+        Sqlite::Stock { cache_kib } => {
+            (Connection::open_with_flags(path, flags)?, cache_kib as i64)
+        }
+    };
+    conn.busy_timeout(Duration::from_secs(60))?;
+    conn.execute_batch(&format!(
+        "PRAGMA journal_mode = {}; PRAGMA cache_size = -{cache_kib}; PRAGMA mmap_size = 0;",
+        journal.pragma()
+    ))?;
     Ok(conn)
 }
 
@@ -42,14 +109,6 @@ pub fn open_for_load(path: &Path) -> anyhow::Result<Connection> {
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = OFF; PRAGMA cache_size = -262144;",
     )?;
     Ok(conn)
-}
-
-fn configure(conn: &Connection) -> anyhow::Result<()> {
-    conn.busy_timeout(Duration::from_secs(60))?;
-    conn.execute_batch(&format!(
-        "PRAGMA journal_mode = WAL; PRAGMA cache_size = -{PAGER_CACHE_KIB}; PRAGMA mmap_size = 0;"
-    ))?;
-    Ok(())
 }
 
 /// Runs an operator statement in SQL Server syntax through the adapter's `bpe_exec`.
@@ -122,6 +181,9 @@ pub struct Counters {
     /// Times a file's cached pages were all dropped because it changed under the engine.
     #[serde(default)]
     pub file_invalidations: u64,
+    /// Pages dropped one by one because another process changed them.
+    #[serde(default)]
+    pub pages_forgotten: u64,
     /// Cumulative since the engine started (the core keeps no per-phase figure).
     pub ext_sequential_write_percent: u64,
     pub hit_ratio_percent: f64,
@@ -153,6 +215,7 @@ impl Counters {
             ext_admissions_dropped: d(a.ext_admissions_dropped, b.ext_admissions_dropped),
             ext_checksum_failures: d(a.ext_checksum_failures, b.ext_checksum_failures),
             file_invalidations: d(a.file_invalidations, b.file_invalidations),
+            pages_forgotten: d(a.pages_forgotten, b.pages_forgotten),
             ext_sequential_write_percent: b.ext_sequential_write_percent,
             hit_ratio_percent: if lookups == 0 {
                 100.0

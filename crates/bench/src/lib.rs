@@ -5,6 +5,8 @@
 //! - `scan`: a full-scan aggregate over a ~1 GB table, cold, warm, limited memory, extension.
 //! - `oltp`: a TPC-C-like workload, memory at 100 % and 25 % of the database, extension on/off.
 //! - `dw`: the 22 TPC-H queries at a scale exceeding memory, extension on/off.
+//! - `autocommit`: the cost of a read transaction (autocommit against one transaction, bpe
+//!   against stock SQLite, alone and beside a plain SQLite writer process).
 //!
 //! Each configuration runs in a fresh child process (the current executable, re-run with the
 //! same arguments and `BPE_BENCH_CHILD` naming the configuration), because a process has one
@@ -14,6 +16,8 @@
 //! `sqlite-bpe demo` is the lookup benchmark at demo scale ([`lookup::Plan::demo`]).
 
 pub mod args;
+mod autocommit;
+mod cgroup;
 mod child;
 mod db;
 pub mod lookup;
@@ -42,6 +46,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::Scan(a) => (scan::run(a)?, &a.common),
         Experiment::Oltp(a) => (tpcc::run(a)?, &a.common),
         Experiment::Dw(a) => (tpch::run(a)?, &a.common),
+        Experiment::Autocommit(a) => (autocommit::run(a)?, &a.common),
         Experiment::Plot(a) => {
             let report: BenchReport = serde_json::from_slice(&std::fs::read(&a.json)?)?;
             return plot::draw(&report, &a.out);
@@ -52,7 +57,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 /// In a configuration's process (one a benchmark or the demo started, with `BPE_BENCH_CHILD`
 /// naming the configuration): runs the configuration, hands its results to the parent and
-/// returns how that went. None in any other process.
+/// returns how that went; the same in a helper process a configuration started. None in any
+/// other process.
 pub fn run_child() -> Option<anyhow::Result<()>> {
     let spec = child::spec_from_env()?;
     let results = match spec.bench.as_str() {
@@ -60,6 +66,11 @@ pub fn run_child() -> Option<anyhow::Result<()>> {
         "scan" => scan::child(spec.config.clone(), spec.sample_ms),
         "oltp" => tpcc::child(spec.config.clone(), spec.sample_ms),
         "dw" => tpch::child(spec.config.clone(), spec.sample_ms),
+        "autocommit" => autocommit::child(spec.config.clone(), spec.sample_ms),
+        autocommit::WRITER => {
+            let done = autocommit::writer(spec.config.clone());
+            return Some(done.and_then(|r| child::write_results(&spec, &r)));
+        }
         other => Err(anyhow::anyhow!("unknown benchmark {other}")),
     };
     Some(results.and_then(|r| child::write_results(&spec, &r)))

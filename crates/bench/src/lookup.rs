@@ -1,10 +1,14 @@
 //! The lookup benchmark: a table of 1,000,000 rows of 1000 bytes (just over 1 GB) and 10,000
-//! random point selects, in the five configurations of the published SQL Server experiment.
+//! random point selects, in the five configurations of the published SQL Server experiment, and
+//! beside them stock SQLite with the same memory (`stock_limited_memory`: SQLite's page cache of
+//! that size, the OS page cache held to a budget by a memory cgroup), which runs by default
+//! when the data device is real (the emulation is bpe's and does not slow stock SQLite down).
 
 use crate::args::selected;
 use crate::args::LookupArgs;
+use crate::cgroup::MemLimit;
 use crate::child::{start, Runner};
-use crate::db;
+use crate::db::{self, Journal, Sqlite};
 use crate::progress;
 use crate::reference::{self, reference_mib};
 use crate::report::{
@@ -17,17 +21,26 @@ use serde_json::json;
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 
-/// The configurations, in the seed's order, with its SQL Server 2014 figures (seconds).
-pub const CONFIGS: [(&str, f64); 5] = [
+/// The configurations, in the seed's order, with its SQL Server 2014 figures (seconds; NaN:
+/// not in the seed).
+pub const CONFIGS: [(&str, f64); 6] = [
     ("ram_resident", 1.5),
     ("cold_slow_disk", 122.0),
     ("limited_memory", 116.0),
     ("limited_memory_bpe", 4.6),
     ("ssd_cold", 6.3),
+    ("stock_limited_memory", f64::NAN),
 ];
 
-fn describe(name: &str, memory_mb: u64, extension_mb: u64) -> String {
+/// The configuration of stock SQLite.
+const STOCK: &str = "stock_limited_memory";
+
+/// What configuration `name` runs; `os_cache` says what holds stock SQLite's OS page cache.
+fn describe(name: &str, memory_mb: u64, extension_mb: u64, os_cache: &str) -> String {
     match name {
+        STOCK => format!(
+            "stock SQLite (unix VFS): {memory_mb} MB page cache, OS page cache {os_cache}, warmed by a full scan"
+        ),
         "ram_resident" => "all data in RAM (L1), warmed by a full scan".into(),
         "cold_slow_disk" => "caches dropped, data on the slow device, enough memory".into(),
         "limited_memory" => format!("{memory_mb} MB max memory, no extension"),
@@ -61,8 +74,13 @@ pub struct Plan {
     pub memory_mb: u64,
     /// Extension size, MB; None: four times the database, at least twice `memory_mb`.
     pub extension_mb: Option<u64>,
-    /// The configurations to run (names of [`CONFIGS`]); None: all five.
+    /// The configurations to run (names of [`CONFIGS`]); None: all, stock_limited_memory only
+    /// on a real data device.
     pub configs: Option<Vec<String>>,
+    /// Journal mode of the timed runs.
+    pub journal: Journal,
+    /// Memory limit of stock_limited_memory's cgroup, MB; None: three times `memory_mb`.
+    pub cgroup_mb: Option<u64>,
     /// Load the table again even if a complete one is there.
     pub reload: bool,
     /// Size of the physical reference's scratch file, MiB (0: no reference).
@@ -85,6 +103,8 @@ impl Plan {
             memory_mb: a.memory_mb.unwrap_or(if quick { 16 } else { 256 }),
             extension_mb: Some(a.extension_mb.unwrap_or(if quick { 256 } else { 4096 })),
             configs: c.configs.clone(),
+            journal: a.journal,
+            cgroup_mb: a.cgroup_mb,
             reload: c.reload,
             reference_mib: reference_mib(c),
             sample_ms: c.sample_ms,
@@ -107,6 +127,8 @@ impl Plan {
                     .map(String::from)
                     .to_vec(),
             ),
+            journal: Journal::Wal,
+            cgroup_mb: None,
             reload: false,
             reference_mib: 0,
             sample_ms: 250,
@@ -145,6 +167,7 @@ pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
     let extension_mb = plan
         .extension_mb
         .unwrap_or_else(|| (size_mb * 4).max(memory_mb * 2).max(min_extension_mb));
+    let cgroup_mb = plan.cgroup_mb.unwrap_or(memory_mb * 3);
     let fast_db = storage.on_fast_disk("lookup", &db_path, plan.reload)?;
     let reference = reference::of(storage, plan.reference_mib)?;
     let mut report = BenchReport::new("lookup", storage.clone(), reference);
@@ -153,6 +176,7 @@ pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
         "enough_memory_mb": enough_mb, "extension_mb": extension_mb, "database_mb": size_mb,
         "database_bytes": database_bytes, "database": db_path,
         "pager_cache_kib": db::PAGER_CACHE_KIB, "quick": plan.quick,
+        "journal": plan.journal.label(), "stock_cgroup_mb": cgroup_mb,
     });
     let runner = Runner {
         bench: "lookup",
@@ -160,33 +184,51 @@ pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
         sample_ms: plan.sample_ms,
     };
     for (name, _) in CONFIGS {
-        if !selected(plan.configs.as_deref(), name) {
+        let stock = name == STOCK;
+        if !selected(plan.configs.as_deref(), name)
+            || (stock && plan.configs.is_none() && storage.data_device.emulated)
+        {
             continue;
         }
-        let description = describe(name, memory_mb, extension_mb);
+        let limit = stock.then(|| MemLimit::new(name, cgroup_mb));
+        let os_cache = limit.as_ref().map(MemLimit::describe).unwrap_or_default();
+        let description = describe(name, memory_mb, extension_mb, &os_cache);
         let (memory, warm, ext, device, path) = match name {
             "ram_resident" => (enough_mb, true, false, true, &db_path),
             "cold_slow_disk" => (enough_mb, false, false, true, &db_path),
             "limited_memory" => (memory_mb, true, false, true, &db_path),
             "limited_memory_bpe" => (memory_mb, true, true, true, &db_path),
+            STOCK => (memory_mb, true, false, false, &db_path),
             _ => (memory_mb, false, false, false, &fast_db),
         };
-        let setup = runner.setup(name, description, path, ext.then_some(extension_mb));
+        let mut setup = runner.setup(name, description, path, ext.then_some(extension_mb));
+        setup.journal = plan.journal;
+        if let Some(limit) = &limit {
+            setup.sqlite = Sqlite::Stock {
+                cache_kib: memory_mb * 1024,
+            };
+            setup.memory_cgroup = limit.path();
+        }
         let run = Lookups {
             rows,
             lookups,
             warm,
         };
-        report
-            .configs
-            .extend(runner.run(setup, run, memory, device)?);
+        let mut results = runner.run(setup, run, memory, device)?;
+        if let Some(limit) = &limit {
+            let r = serde_json::to_value(limit.report())?;
+            for res in &mut results {
+                res.details["memory_cgroup"] = r.clone();
+            }
+        }
+        report.configs.extend(results);
     }
     report.summary = summarize(&report, lookups);
     Ok(report)
 }
 
 /// Creates the table unless a complete one with `rows` rows is there (loading is not timed).
-fn load(path: &Path, rows: u64, reload: bool) -> anyhow::Result<()> {
+pub(crate) fn load(path: &Path, rows: u64, reload: bool) -> anyhow::Result<()> {
     load_once(path, reload, |conn| {
         conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, n TEXT NOT NULL)")?;
         let pb = progress::bar(rows, "load");
@@ -232,6 +274,9 @@ pub(crate) fn child(
         details["warm"] = warm.fill_summary();
     }
     details["extension_mb"] = json!(setup.extension.as_ref().map(|e| e.1));
+    details["vfs"] = json!(setup.sqlite.vfs());
+    details["journal"] = json!(setup.journal.label());
+    let io_before = process_read_bytes();
     let pb = progress::bar(cfg.lookups, &setup.name);
     let mut rng = StdRng::seed_from_u64(SEED);
     let mut q = conn.prepare("SELECT n FROM t WHERE id = ?1")?;
@@ -253,6 +298,11 @@ pub(crate) fn child(
         Ok(details)
     })?;
     pb.finish_and_clear();
+    // Bytes this process had read from storage (the OS page cache's misses and O_DIRECT reads
+    // alike): the one count of device reads that stock SQLite and bpe share.
+    if let (Some(a), Some(b)) = (io_before, process_read_bytes()) {
+        result.details["storage_read_bytes"] = json!(b.saturating_sub(a));
+    }
     // The cumulative counters the engine shows at the end (SQL Server's "/sec" counters are
     // cumulative too), beside the phase's differences.
     let total = db::snapshot();
@@ -262,6 +312,14 @@ pub(crate) fn child(
         "ext_page_writes": total.ext_page_writes,
     });
     Ok(vec![result])
+}
+
+/// `read_bytes` of /proc/self/io: what this process caused to be read from storage.
+fn process_read_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("read_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 fn summarize(r: &BenchReport, lookups: u64) -> serde_json::Value {
@@ -281,6 +339,9 @@ fn summarize(r: &BenchReport, lookups: u64) -> serde_json::Value {
     }
     if let (Some(c), Some(b)) = (ssd, bpe) {
         s["ssd_cold_over_bpe"] = json!(ratio(c, b));
+    }
+    if let (Some(k), Some(b)) = (secs(STOCK), bpe) {
+        s["stock_over_bpe"] = json!(ratio(k, b));
     }
     if let (Some(cfg), Some(m), Some(reference)) =
         (r.config("limited_memory_bpe"), ram, r.reference.as_ref())
@@ -308,14 +369,22 @@ fn print_results(r: &BenchReport) {
     for (i, (name, sql_server)) in CONFIGS.iter().enumerate() {
         let Some(c) = r.config(name) else { continue };
         let n = c.operations.max(1) as f64;
+        // Stock SQLite has no engine to count pages.
+        let engine = |v: String| if c.counters.engine { v } else { "-".into() };
         rows.push(vec![
             format!("{} {name}", i + 1),
             c.description.clone(),
             fmt_duration(c.seconds),
-            fmt_duration(*sql_server),
-            format!("{:.1}", c.counters.hit_ratio_percent),
-            format!("{:.2}", c.counters.ext_page_reads as f64 / n),
-            format!("{:.2}", c.counters.page_reads as f64 / n),
+            match sql_server.is_nan() {
+                true => "-".into(),
+                false => fmt_duration(*sql_server),
+            },
+            engine(format!("{:.1}", c.counters.hit_ratio_percent)),
+            engine(format!("{:.2}", c.counters.ext_page_reads as f64 / n)),
+            engine(format!("{:.2}", c.counters.page_reads as f64 / n)),
+            c.details["storage_read_bytes"]
+                .as_f64()
+                .map_or("-".into(), |b| format!("{:.2}", b / 4096.0 / n)),
         ]);
     }
     print_table_left(
@@ -327,6 +396,7 @@ fn print_results(r: &BenchReport) {
             "L1 hit %",
             "L2 reads/lookup",
             "data reads/lookup",
+            "4 KiB storage reads/lookup",
         ],
         &rows,
         2,
@@ -349,6 +419,25 @@ fn print_results(r: &BenchReport) {
         "3.1",
     );
     show("ssd_cold / limited_memory_bpe", "ssd_cold_over_bpe", "1.37");
+    if let Some(v) = s["stock_over_bpe"].as_f64() {
+        println!(
+            "{:<40} {v:>10.2}",
+            "stock_limited_memory / limited_memory_bpe"
+        );
+    }
+    if let Some(g) = r.config(STOCK).map(|c| &c.details["memory_cgroup"]) {
+        match g["applied"].as_bool() {
+            Some(true) => println!(
+                "stock_limited_memory's memory cgroup: limit {} MB, high-water {:.1} MB, limit hit {} times, at the end {:.1} MB page cache + {:.1} MB anonymous",
+                g["limit_mb"], g["max_usage_mb"].as_f64().unwrap_or(0.0), g["failcnt"],
+                g["cache_mb"].as_f64().unwrap_or(0.0), g["rss_mb"].as_f64().unwrap_or(0.0)
+            ),
+            _ => println!(
+                "stock_limited_memory ran WITHOUT a memory limit: {}",
+                g["reason"].as_str().unwrap_or("unknown")
+            ),
+        }
+    }
     if let Some(p) = s.get("physical_limit") {
         println!(
             "physical limit for limited_memory_bpe:   {} = {:.2} L2 reads/lookup x {:.1} µs + {:.1} µs in RAM, per lookup; measured / limit = {:.2}",

@@ -85,11 +85,17 @@ where
     DB::ErrorType: 'static,
 {
     let n = r.configs.len().max(1);
-    // Every oltp configuration runs for the same time: what differs is the throughput.
+    // Every oltp configuration runs for the same time: what differs is the throughput; every
+    // autocommit configuration too: what differs is the time per lookup.
     let per_minute = r.benchmark == "oltp";
+    let per_lookup = r.benchmark == "autocommit";
     let (unit, value): (&str, fn(&crate::report::ConfigResult) -> f64) = if per_minute {
         ("transactions per minute", |c| {
             c.operations as f64 * 60.0 / c.seconds.max(1e-9)
+        })
+    } else if per_lookup {
+        ("µs per lookup (mean)", |c| {
+            c.seconds * 1e6 / c.operations.max(1) as f64
         })
     } else {
         ("seconds", |c| c.seconds)
@@ -97,6 +103,8 @@ where
     let label = |v: f64| {
         if per_minute {
             format!("{v:.0}")
+        } else if per_lookup {
+            format!("{v:.1}")
         } else {
             crate::report::fmt_duration(v)
         }

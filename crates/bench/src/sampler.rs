@@ -23,6 +23,9 @@ pub struct Sample {
     pub ops_per_s: f64,
     pub database_pages: u64,
     pub ext_allocated_pages: u64,
+    /// Files' caches dropped since the run started (another process changed them).
+    #[serde(default)]
+    pub file_invalidations: u64,
 }
 
 pub struct Sampler {
@@ -38,6 +41,7 @@ impl Sampler {
         let handle = std::thread::spawn(move || {
             let start = Instant::now();
             let mut prev = (Instant::now(), db::snapshot(), ops.load(Relaxed));
+            let invalidations0 = prev.1.file_invalidations;
             let mut out = Vec::new();
             loop {
                 let done = flag.load(Relaxed);
@@ -68,6 +72,7 @@ impl Sampler {
                     ops_per_s: rate(n, prev.2),
                     database_pages: snap.database_pages,
                     ext_allocated_pages: snap.ext_allocated_pages,
+                    file_invalidations: snap.file_invalidations.saturating_sub(invalidations0),
                 });
                 prev = (now, snap, n);
                 if done {

@@ -32,9 +32,12 @@ impl DataDevice {
                     iops: 0,
                 })
             }
-            _ => bail!(
-                "unknown data device {s:?}: use emulated:hdd, emulated:san, emulated:gp3, emulated:ssd or real"
-            ),
+            _ => match s.strip_prefix("emulated:").and_then(custom_emulation) {
+                Some(d) => d,
+                None => bail!(
+                    "unknown data device {s:?}: use emulated:hdd, emulated:san, emulated:gp3, emulated:ssd, emulated:<N>ms or emulated:<N>us (optionally :<IOPS>), or real"
+                ),
+            },
         };
         Ok(DataDevice::emulated(s, latency_us, iops))
     }
@@ -67,6 +70,20 @@ impl DataDevice {
     }
 }
 
+/// `2ms`, `500us`, `8ms:150`: a latency per request and an optional IOPS cap.
+fn custom_emulation(spec: &str) -> Option<(u64, u32)> {
+    let (latency, iops) = match spec.split_once(':') {
+        Some((l, i)) => (l, i.parse().ok()?),
+        None => (spec, 0),
+    };
+    let us = match (latency.strip_suffix("ms"), latency.strip_suffix("us")) {
+        (Some(ms), _) => ms.parse::<u64>().ok()?.checked_mul(1000)?,
+        (None, Some(us)) => us.parse().ok()?,
+        _ => return None,
+    };
+    Some((us, iops))
+}
+
 /// The storage of one benchmark run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Storage {
@@ -84,6 +101,12 @@ pub struct Storage {
 
 impl Storage {
     pub fn from_args(c: &CommonArgs, bench: &str) -> anyhow::Result<Self> {
+        Self::from_args_or(c, bench, "emulated:hdd")
+    }
+
+    /// As [`Storage::from_args`], with `default_device` when neither --data-device nor
+    /// --data-dir is given.
+    pub fn from_args_or(c: &CommonArgs, bench: &str, default_device: &str) -> anyhow::Result<Self> {
         let ext_dir = match &c.ext_dir {
             Some(d) => d.clone(),
             None => std::env::current_dir()?.join("bpe-bench-work"),
@@ -95,7 +118,7 @@ impl Storage {
         let device = match (&c.data_device, &c.data_dir) {
             (Some(d), _) => DataDevice::parse(d)?,
             (None, Some(_)) => DataDevice::none(),
-            (None, None) => DataDevice::parse("emulated:hdd")?,
+            (None, None) => DataDevice::parse(default_device)?,
         };
         let mut storage = Storage::at(device, &ext_dir, &data_dir)?;
         storage.own_data_dir = c.data_dir.is_some();

@@ -2,8 +2,9 @@
 
 use std::process::Command;
 
-#[test]
-fn lookup_runs_all_five_configurations() {
+/// Runs `bpe-bench lookup --quick` at a tiny scale on an emulated SSD with `extra` arguments;
+/// returns the JSON it wrote.
+fn lookup(extra: &[&str]) -> serde_json::Value {
     let dir = tempfile::Builder::new()
         .prefix("bench-test")
         .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
@@ -26,8 +27,9 @@ fn lookup_runs_all_five_configurations() {
             "64",
             "--reference-mib",
             "16",
-            "--json",
         ])
+        .args(extra)
+        .arg("--json")
         .arg(&json)
         .output()
         .unwrap();
@@ -37,7 +39,13 @@ fn lookup_runs_all_five_configurations() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+}
+
+#[test]
+fn lookup_runs_all_five_configurations() {
+    // On an emulated device stock_limited_memory runs only when asked for.
+    let v = lookup(&[]);
     assert_eq!(v["benchmark"], "lookup");
     assert_eq!(v["storage"]["data_device"]["name"], "emulated:ssd");
     assert!(
@@ -83,4 +91,37 @@ fn lookup_runs_all_five_configurations() {
         "a cold run read nothing from the data file: {cold}"
     );
     assert!(v["summary"]["limited_memory_over_bpe"].as_f64().is_some());
+}
+
+#[test]
+fn stock_sqlite_runs_beside_bpe_in_rollback_mode() {
+    let v = lookup(&[
+        "--configs",
+        "limited_memory_bpe,stock_limited_memory",
+        "--journal",
+        "delete",
+    ]);
+    assert_eq!(v["parameters"]["journal"], "rollback");
+    let configs = v["configs"].as_array().unwrap();
+    let names: Vec<&str> = configs
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["limited_memory_bpe", "stock_limited_memory"]);
+    for c in configs {
+        let stock = c["name"] == "stock_limited_memory";
+        let d = &c["details"];
+        assert_eq!(c["operations"], 300, "{c}");
+        assert_eq!(d["vfs"], if stock { "unix" } else { "bpe" }, "{c}");
+        assert_eq!(d["journal"], "rollback", "{c}");
+        // Only bpe has an engine counting pages.
+        assert_eq!(c["counters"]["engine"].as_bool().unwrap(), !stock, "{c}");
+    }
+    // Limited by a memory cgroup where the machine has one, and saying why not where not.
+    let cgroup = &configs[1]["details"]["memory_cgroup"];
+    assert!(
+        cgroup["applied"] == true || cgroup["reason"].is_string(),
+        "{cgroup}"
+    );
+    assert!(v["summary"]["stock_over_bpe"].as_f64().is_some());
 }

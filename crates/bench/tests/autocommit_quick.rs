@@ -1,0 +1,92 @@
+//! End to end: `bpe-bench autocommit` at a tiny scale, checking the JSON it writes (no timing).
+
+use std::process::Command;
+
+#[test]
+fn autocommit_runs_every_configuration_and_the_writer_is_noticed() {
+    let dir = tempfile::Builder::new()
+        .prefix("bench-test")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let json = dir.path().join("autocommit.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_bpe-bench"))
+        .current_dir(dir.path())
+        .args([
+            "autocommit",
+            "--quick",
+            "--data-device",
+            "emulated:ssd",
+            "--rows",
+            "1000",
+            "--seconds",
+            "0.3",
+            "--reference-mib",
+            "16",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "bench failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["benchmark"], "autocommit");
+    assert_eq!(v["storage"]["data_device"]["name"], "emulated:ssd");
+    let configs = v["configs"].as_array().unwrap();
+    let names: Vec<&str> = configs
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "rollback_txn",
+            "rollback_autocommit",
+            "wal_txn",
+            "wal_autocommit",
+            "stock_rollback_txn",
+            "stock_rollback_autocommit",
+            "stock_wal_txn",
+            "stock_wal_autocommit",
+            "beside_writer_rollback",
+            "stock_beside_writer_rollback",
+            "beside_writer_wal",
+            "stock_beside_writer_wal",
+        ]
+    );
+    for c in configs {
+        let name = c["name"].as_str().unwrap();
+        let stock = name.starts_with("stock_");
+        let d = &c["details"];
+        assert!(c["operations"].as_u64().unwrap() > 0, "{c}");
+        assert_eq!(d["vfs"], if stock { "unix" } else { "bpe" }, "{name}");
+        assert_eq!(
+            d["journal"],
+            if name.contains("rollback") {
+                "rollback"
+            } else {
+                "wal"
+            },
+            "{name}"
+        );
+        // Only the bpe configurations have an engine counting pages.
+        assert_eq!(c["counters"]["engine"].as_bool().unwrap(), !stock, "{name}");
+        assert!(d["latency_us"]["p50"].as_f64().unwrap() > 0.0, "{name}");
+        if name.contains("beside_writer") {
+            let commits = d["writer"]["commits"].as_u64().unwrap();
+            assert!(commits > 0, "the writer committed nothing: {c}");
+            assert_eq!(d["stale_reads"], 0, "{name}");
+            if name == "beside_writer_rollback" {
+                // Every foreign commit changes the header: the reader must have noticed.
+                let seen = d["file_cache_invalidations"].as_u64().unwrap();
+                assert!(seen > 0, "{commits} foreign commits went unnoticed: {c}");
+            }
+        } else {
+            assert!(d.get("writer").is_none(), "{name}");
+        }
+    }
+}
