@@ -34,9 +34,7 @@
 ** a run that silently fell back to the unix VFS would be a false "pass".
 */
 #include "sqlite3.h"
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "../bpe_load_extension.h"
 
 int bpe_suite_init(const char *zArg){
   static int loaded = 0;    /* the extension is in the process */
@@ -50,27 +48,8 @@ int bpe_suite_init(const char *zArg){
   if( !loaded ){
     zLib = getenv("BPE_SUITE_LIB");
     if( zLib==0 || zLib[0]==0 ) return SQLITE_OK;
-    sqlite3 *db = 0;
-    char *zErr = 0;
-    int rc;
     loading = 1;
-    rc = sqlite3_open_v2(":memory:", &db, SQLITE_OPEN_READWRITE|SQLITE_OPEN_CREATE, 0);
-    if( rc==SQLITE_OK ) rc = sqlite3_enable_load_extension(db, 1);
-    if( rc==SQLITE_OK ){
-      rc = sqlite3_load_extension(db, zLib, "sqlite3_sqlitebpe_init", &zErr);
-    }
-    if( rc!=SQLITE_OK ){
-      fprintf(stderr, "bpe_suite_init: cannot load %s: %s\n", zLib,
-              zErr ? zErr : (db ? sqlite3_errmsg(db) : "cannot open :memory:"));
-      sqlite3_free(zErr);
-      sqlite3_close(db);
-      exit(3);
-    }
-    sqlite3_close(db);
-    {
-      const char *zKeep = getenv("BPE_SUITE_KEEP_FUNCS");
-      if( zKeep==0 || strcmp(zKeep, "1")!=0 ) sqlite3_reset_auto_extension();
-    }
+    bpe_load_extension("bpe_suite_init", zLib, "BPE_SUITE_KEEP_FUNCS");
     {
       const char *zChildren = getenv("BPE_SUITE_CHILDREN");
       if( zChildren && strcmp(zChildren, "plain")==0 ) unsetenv("BPE_SUITE_LIB");

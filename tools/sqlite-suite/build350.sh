@@ -26,6 +26,7 @@ mkdir -p "$BUILD_50"
 SRC="$BUILD_50/tsrc"
 if [ -f "$BUILD_50/testfixture" ] && [ "$BUILD_50/testfixture" -nt "$INIT_C" ] \
     && [ "$BUILD_50/testfixture" -nt "$HERE/build350.sh" ] \
+    && [ "$BUILD_50/testfixture" -nt "$HERE/../bpe_load_extension.h" ] \
     && [ "$BUILD_50/testfixture" -nt "$AMAL_DIR/sqlite3.c" ]; then
   exit 0
 fi

@@ -74,6 +74,7 @@ case "$CHILDREN" in bpe|plain) ;; *) echo "--children bpe|plain" >&2; exit 2 ;; 
 case "$SQLITE_VARIANT" in 3.40|3.50) ;; *) echo "--sqlite 3.40|3.50" >&2; exit 2 ;; esac
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+. "$HERE/../sqlite-source.sh"
 phase_start=$(date +%s)
 phase() {
   local now; now=$(date +%s)
@@ -86,49 +87,15 @@ mkdir -p "$SUITE_DIR"
 # ---------------------------------------------------------------------------------------------
 # 1. Packages: a C compiler, Tcl's headers, zlib, dpkg-source, and deb-src to fetch SQLite.
 if [ "$INSTALL" = 1 ]; then
-  need=()
-  for p in build-essential tcl-dev zlib1g-dev dpkg-dev xz-utils; do
-    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
-  done
-  src_list=/etc/apt/sources.list.d/bpe-suite-src.sources
-  have_src=0
-  if grep -rqs '^Types:.*deb-src\|^deb-src ' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null; then
-    have_src=1
-  fi
-  if [ ! -d "$SUITE_DIR/src" ] || [ -z "$(ls "$SUITE_DIR"/src/*.dsc 2>/dev/null)" ]; then
-    if [ "$have_src" = 0 ]; then
-      log "adding deb-src entries ($src_list)"
-      # The same archives as the binary entries, for source packages.
-      if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-        sed -n 's/^Types: deb$/Types: deb-src/; /^#/d; p' /etc/apt/sources.list.d/debian.sources \
-          > "$src_list"
-      else
-        sed -n 's/^deb /deb-src /p' /etc/apt/sources.list > /etc/apt/sources.list.d/bpe-suite-src.list
-      fi
-      have_src=2
-    fi
-  fi
-  if [ ${#need[@]} -gt 0 ] || [ "$have_src" = 2 ]; then
-    log "apt-get update; installing: ${need[*]:-(nothing, sources only)}"
-    apt-get update -q >/dev/null
-    [ ${#need[@]} -gt 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null
-  fi
+  install_packages "$SUITE_DIR/src" build-essential tcl-dev zlib1g-dev dpkg-dev xz-utils
 fi
 
 # ---------------------------------------------------------------------------------------------
 # 2. SQLite's source tree (Debian's sqlite3 source package, without Debian's patches: upstream
 #    as released, so that the baseline is upstream's own).
 SRC_ROOT="$SUITE_DIR/src"
-TREE=$(ls -d "$SRC_ROOT"/sqlite-src-* 2>/dev/null | head -1 || true)
-if [ -z "$TREE" ]; then
-  phase "fetching the sqlite3 source package"
-  mkdir -p "$SRC_ROOT"
-  ( cd "$SRC_ROOT" && apt-get source --download-only -q sqlite3 >/dev/null 2>&1 )
-  dsc=$(ls "$SRC_ROOT"/sqlite3_*.dsc | head -1)
-  upstream=$(basename "$dsc" .dsc | sed 's/^sqlite3_//; s/-[^-]*$//')
-  TREE="$SRC_ROOT/sqlite-src-$upstream"
-  ( cd "$SRC_ROOT" && dpkg-source -x --skip-patches "$dsc" "$TREE" >/dev/null )
-fi
+sqlite_source_tree "$SRC_ROOT"
+TREE=$SQLITE_TREE
 TESTDIR="$TREE/test"
 log "SQLite tree: $TREE"
 
