@@ -141,19 +141,9 @@ pub fn ratio(a: f64, b: f64) -> f64 {
 /// Prints the storage and the physical reference a run used.
 pub fn print_storage(s: &Storage, r: Option<&Reference>) {
     let d = &s.data_device;
-    let device = if d.emulated {
-        format!(
-            "{} (in-process: {} µs per read{})",
-            d.name,
-            d.latency_us,
-            if d.iops > 0 {
-                format!(", {} IOPS", d.iops)
-            } else {
-                String::new()
-            }
-        )
-    } else {
-        "real (no emulation)".to_string()
+    let device = match d.emulation() {
+        Some(e) => format!("{} (in-process: {e})", d.name),
+        None => "real (no emulation)".to_string(),
     };
     println!("data device:  {device}");
     println!("data dir:     {} ({})", s.data_dir.display(), s.data_fs);

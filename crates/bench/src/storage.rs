@@ -18,6 +18,15 @@ pub struct DataDevice {
 }
 
 impl DataDevice {
+    /// What the in-process emulation charges, e.g. "2000 µs per read, at most 150 IOPS"; None
+    /// for a real device.
+    pub fn emulation(&self) -> Option<String> {
+        self.emulated.then(|| match self.iops {
+            0 => format!("{} µs per read", self.latency_us),
+            iops => format!("{} µs per read, at most {iops} IOPS", self.latency_us),
+        })
+    }
+
     pub fn parse(s: &str) -> anyhow::Result<Self> {
         let (latency_us, iops) = match s {
             "emulated:hdd" => (8000, 150),

@@ -172,19 +172,12 @@ impl DemoReport {
             self.work_dir.display()
         ));
         let d = &r.storage.data_device;
-        out.push_str(&if d.emulated {
-            format!(
-                "Database file reads: EMULATED slow device, {} us per read{} \
-                 (BPE_DATA_LATENCY_US / BPE_DATA_IOPS); the extension is on the real local disk.\n",
-                d.latency_us,
-                if d.iops > 0 {
-                    format!(", at most {} IOPS", d.iops)
-                } else {
-                    String::new()
-                }
-            )
-        } else {
-            "Database file reads: the real local disk, no emulated latency.\n".into()
+        out.push_str(&match d.emulation() {
+            Some(e) => format!(
+                "Database file reads: EMULATED slow device, {e} (BPE_DATA_LATENCY_US / \
+                 BPE_DATA_IOPS); the extension is on the real local disk.\n"
+            ),
+            None => "Database file reads: the real local disk, no emulated latency.\n".into(),
         });
         for w in self.warnings() {
             out.push_str(&format!("warning: {w}\n"));
