@@ -16,7 +16,6 @@ use common::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -155,38 +154,13 @@ fn run_child(mode: &str, dir: &Path, env: &[(&str, String)], watchdog: Duration)
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + watchdog;
-    let mut timed_out = false;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            timed_out = true;
-            let _ = child.kill();
-            break child.wait().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let run = wait_with_limit(cmd.spawn().unwrap(), watchdog);
     ChildRun {
-        timed_out,
-        success: status.success() && !timed_out,
-        status: status.to_string(),
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
+        timed_out: run.timed_out,
+        success: run.success(),
+        status: run.status.to_string(),
+        stdout: run.stdout,
+        stderr: run.stderr,
     }
 }
 
@@ -278,24 +252,12 @@ fn child_churn(dir: &Path) {
     let open_errors = Arc::new(AtomicU64::new(0));
     let read_errors = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    {
-        // The watchdog inside: progress must not stop.
-        let opens = opens.clone();
-        std::thread::spawn(move || {
-            let mut last = (opens.load(Ordering::Relaxed), Instant::now());
-            loop {
-                std::thread::sleep(Duration::from_millis(100));
-                let now = opens.load(Ordering::Relaxed);
-                if now != last.0 {
-                    last = (now, Instant::now());
-                } else if last.1.elapsed() > Duration::from_secs(10) {
-                    println!("HUNG after {now} connections: none opened or closed for 10 s");
-                    eprintln!("HUNG after {now} connections: none opened or closed for 10 s");
-                    std::process::exit(3);
-                }
-            }
-        });
-    }
+    // The watchdog inside: progress must not stop.
+    exit_if_stalled(
+        opens.clone(),
+        Duration::from_secs(10),
+        "connections opened or closed",
+    );
     let threads: Vec<_> = (0..CHURN_THREADS)
         .map(|t| {
             let dbs = dbs.clone();
@@ -1534,23 +1496,11 @@ fn child_random(dir: &Path) {
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let failed = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(AtomicU64::new(0));
-    {
-        let progress = progress.clone();
-        std::thread::spawn(move || {
-            let mut last = (progress.load(Ordering::Relaxed), Instant::now());
-            loop {
-                std::thread::sleep(Duration::from_millis(100));
-                let now = progress.load(Ordering::Relaxed);
-                if now != last.0 {
-                    last = (now, Instant::now());
-                } else if last.1.elapsed() > Duration::from_secs(15) {
-                    println!("HUNG after {now} operations: none finished for 15 s");
-                    eprintln!("HUNG after {now} operations: none finished for 15 s");
-                    std::process::exit(3);
-                }
-            }
-        });
-    }
+    exit_if_stalled(
+        progress.clone(),
+        Duration::from_secs(15),
+        "operations finished",
+    );
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             let (dbs, failed, progress) = (dbs.clone(), failed.clone(), progress.clone());

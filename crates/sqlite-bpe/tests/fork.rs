@@ -813,34 +813,12 @@ fn run_forker(mode: &str, journal: &str, by_env: bool) -> Run {
             )
             .env("BPE_EXTENSION_SIZE", "16MB");
     }
-    let mut child = cmd.spawn().unwrap();
-    let drain = |mut r: Box<dyn std::io::Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            s
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().unwrap()));
-    let err = drain(Box::new(child.stderr.take().unwrap()));
-    let deadline = Instant::now() + Duration::from_secs(900);
-    let mut timed_out = false;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            timed_out = true;
-            let _ = child.kill();
-            break child.wait().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let run = wait_with_limit(cmd.spawn().unwrap(), Duration::from_secs(900));
     let r = Run {
-        success: status.success() && !timed_out,
-        timed_out,
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
+        success: run.success(),
+        timed_out: run.timed_out,
+        stdout: run.stdout,
+        stderr: run.stderr,
     };
     println!(
         "{mode}, {journal}{}: {} ({:.1} s)",

@@ -104,3 +104,78 @@ pub fn run_shell(dir: &Path, script: &str) -> (String, String, bool) {
         out.status.success(),
     )
 }
+
+/// What a child process did: its exit, its whole output, and whether it outlived its time.
+pub struct Finished {
+    pub status: std::process::ExitStatus,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Finished {
+    /// Exited with success, by itself.
+    pub fn success(&self) -> bool {
+        self.status.success() && !self.timed_out
+    }
+}
+
+/// Waits for `child` (spawned with piped stdout and stderr), reading both as it runs so that it
+/// never blocks on a full pipe, and kills it once `limit` has passed.
+pub fn wait_with_limit(mut child: std::process::Child, limit: std::time::Duration) -> Finished {
+    use std::io::Read;
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("stdout piped")));
+    let err = drain(Box::new(child.stderr.take().expect("stderr piped")));
+    let deadline = std::time::Instant::now() + limit;
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() >= deadline {
+            timed_out = true;
+            let _ = child.kill();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    Finished {
+        status,
+        timed_out,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+/// The watchdog inside a child: when `progress` has not moved for `stall`, says "HUNG after N
+/// `what`" on both streams and exits with code 3 (the parent looks for "HUNG").
+pub fn exit_if_stalled(
+    progress: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stall: std::time::Duration,
+    what: &'static str,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::time::{Duration, Instant};
+    std::thread::spawn(move || {
+        let mut last = (progress.load(Relaxed), Instant::now());
+        loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = progress.load(Relaxed);
+            if now != last.0 {
+                last = (now, Instant::now());
+            } else if last.1.elapsed() > stall {
+                let message = format!("HUNG after {now} {what}: no progress for {stall:?}");
+                println!("{message}");
+                eprintln!("{message}");
+                std::process::exit(3);
+            }
+        }
+    });
+}
