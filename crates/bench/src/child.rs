@@ -4,6 +4,7 @@
 //! from one configuration into the next. A configuration's process may start helpers the same
 //! way (e.g. a plain SQLite writer beside it), without the engine's settings.
 
+use crate::cgroup::MemLimit;
 use crate::db::{self, Journal, Sqlite};
 use crate::report::ConfigResult;
 use crate::storage::Storage;
@@ -161,6 +162,31 @@ impl Runner<'_> {
             bail!("{} configuration failed ({status})", self.bench);
         }
         spec.take_results()
+    }
+    /// Runs one configuration as stock SQLite: the unix VFS with a page cache of `memory_mb`,
+    /// in a memory cgroup of `cgroup_mb` (SQLite's cache, the process and the OS page cache of
+    /// the data file together) so that the OS page cache is held to a budget as bpe's pool is.
+    /// `setup.description` may hold `{os_cache}`, replaced by what holds the OS page cache.
+    /// Each result carries the group's figures in `details.memory_cgroup`.
+    pub fn run_stock<T: Serialize>(
+        &self,
+        mut setup: Setup,
+        run: T,
+        memory_mb: u64,
+        cgroup_mb: u64,
+    ) -> anyhow::Result<Vec<ConfigResult>> {
+        let limit = MemLimit::new(&setup.name, cgroup_mb);
+        setup.description = setup.description.replace("{os_cache}", &limit.describe());
+        setup.sqlite = Sqlite::Stock {
+            cache_kib: memory_mb * 1024,
+        };
+        setup.memory_cgroup = limit.path();
+        let mut results = self.run(setup, run, memory_mb, false)?;
+        let report = serde_json::to_value(limit.report())?;
+        for r in &mut results {
+            r.details["memory_cgroup"] = report.clone();
+        }
+        Ok(results)
     }
 }
 

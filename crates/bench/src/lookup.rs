@@ -6,9 +6,8 @@
 
 use crate::args::selected;
 use crate::args::LookupArgs;
-use crate::cgroup::MemLimit;
 use crate::child::{start, Runner};
-use crate::db::{self, Journal, Sqlite};
+use crate::db::{self, Journal};
 use crate::progress;
 use crate::reference::{self, reference_mib};
 use crate::report::{
@@ -190,9 +189,7 @@ pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
         {
             continue;
         }
-        let limit = stock.then(|| MemLimit::new(name, cgroup_mb));
-        let os_cache = limit.as_ref().map(MemLimit::describe).unwrap_or_default();
-        let description = describe(name, memory_mb, extension_mb, &os_cache);
+        let description = describe(name, memory_mb, extension_mb, "{os_cache}");
         let (memory, warm, ext, device, path) = match name {
             "ram_resident" => (enough_mb, true, false, true, &db_path),
             "cold_slow_disk" => (enough_mb, false, false, true, &db_path),
@@ -203,24 +200,15 @@ pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
         };
         let mut setup = runner.setup(name, description, path, ext.then_some(extension_mb));
         setup.journal = plan.journal;
-        if let Some(limit) = &limit {
-            setup.sqlite = Sqlite::Stock {
-                cache_kib: memory_mb * 1024,
-            };
-            setup.memory_cgroup = limit.path();
-        }
         let run = Lookups {
             rows,
             lookups,
             warm,
         };
-        let mut results = runner.run(setup, run, memory, device)?;
-        if let Some(limit) = &limit {
-            let r = serde_json::to_value(limit.report())?;
-            for res in &mut results {
-                res.details["memory_cgroup"] = r.clone();
-            }
-        }
+        let results = match stock {
+            true => runner.run_stock(setup, run, memory, cgroup_mb)?,
+            false => runner.run(setup, run, memory, device)?,
+        };
         report.configs.extend(results);
     }
     report.summary = summarize(&report, lookups);
