@@ -26,29 +26,99 @@ pub const READAHEAD_BYTES: usize = 256 << 10;
 /// Consecutive sequential page reads of a file after which readahead starts.
 pub const READAHEAD_TRIGGER: u32 = 3;
 
-/// Emulated latency of a device: for benchmarks and tests only, never on by default.
+/// An emulated device's costs (after foyer's device throttle): for benchmarks and tests only,
+/// never on by default. A request of `n` bytes takes its direction's latency plus `n` / bandwidth;
+/// latencies of parallel requests overlap, their transfers share the bandwidth, and each
+/// direction admits at most its IOPS cap of requests a second, across all threads. A sync waits
+/// for the writes being transferred, then takes the sync latency (the device's cache flush).
+/// Zero means free: no latency, unlimited bandwidth, no IOPS cap.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct DeviceEmulation {
-    /// Added to every read request.
-    pub latency: Duration,
-    /// At most this many requests per second (0: unlimited), enforced across threads.
-    pub iops: u32,
+    pub read_latency: Duration,
+    pub write_latency: Duration,
+    pub sync_latency: Duration,
+    /// Bytes per second (0: unlimited).
+    pub read_bandwidth: u64,
+    pub write_bandwidth: u64,
+    /// Requests per second (0: unlimited).
+    pub read_iops: u32,
+    pub write_iops: u32,
 }
 
 /// The slowest emulated device accepted: a second per request is slower than any real one.
 pub const MAX_EMULATED_LATENCY: Duration = Duration::from_secs(1);
+/// The lowest emulated bandwidth accepted, in bytes per second (1 MB/s: a 256 KiB readahead
+/// then takes a quarter of a second; below that runs would not finish).
+pub const MIN_EMULATED_BANDWIDTH: u64 = 1_000_000;
 
 impl DeviceEmulation {
-    /// Checks the emulation's bounds (one rule for every way it is configured).
+    /// Checks the emulation's bounds (one rule for every way it is configured); the error names
+    /// the setting at fault.
     pub fn validate(&self) -> Result<(), String> {
-        if self.latency > MAX_EMULATED_LATENCY {
-            return Err(format!(
-                "emulated latency {} us is above the maximum of {} us",
-                self.latency.as_micros(),
-                MAX_EMULATED_LATENCY.as_micros()
-            ));
+        for (what, latency) in [
+            ("read", self.read_latency),
+            ("write", self.write_latency),
+            ("sync", self.sync_latency),
+        ] {
+            if latency > MAX_EMULATED_LATENCY {
+                return Err(format!(
+                    "emulated {what} latency {} us is above the maximum of {} us",
+                    latency.as_micros(),
+                    MAX_EMULATED_LATENCY.as_micros()
+                ));
+            }
+        }
+        for (what, bandwidth) in [
+            ("read", self.read_bandwidth),
+            ("write", self.write_bandwidth),
+        ] {
+            if bandwidth != 0 && bandwidth < MIN_EMULATED_BANDWIDTH {
+                return Err(format!(
+                    "emulated {what} bandwidth {bandwidth} bytes/s is below the minimum of \
+                     {MIN_EMULATED_BANDWIDTH} bytes/s (1 MB/s); use 0 for unlimited"
+                ));
+            }
         }
         Ok(())
+    }
+
+    /// True when no request costs anything (every setting zero).
+    pub fn is_free(&self) -> bool {
+        *self == DeviceEmulation::default()
+    }
+}
+
+/// The whole model in one line, e.g. "read 8000 us + 150 MB/s, at most 150 IOPS; write 8000 us
+/// + 150 MB/s, at most 150 IOPS; sync 8000 us" (MB = 10^6 bytes).
+impl std::fmt::Display for DeviceEmulation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fn lane(latency: Duration, bandwidth: u64, iops: u32) -> String {
+            let mut s = format!("{} us", latency.as_micros());
+            if bandwidth > 0 {
+                let mb = bandwidth as f64 / 1e6;
+                s.push_str(&format!(" + {} MB/s", trim_number(mb)));
+            }
+            if iops > 0 {
+                s.push_str(&format!(", at most {iops} IOPS"));
+            }
+            s
+        }
+        write!(
+            f,
+            "read {}; write {}; sync {} us",
+            lane(self.read_latency, self.read_bandwidth, self.read_iops),
+            lane(self.write_latency, self.write_bandwidth, self.write_iops),
+            self.sync_latency.as_micros()
+        )
+    }
+}
+
+/// 150 for 150.0, 0.5 for 0.5: whole numbers without a fraction.
+fn trim_number(x: f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.3}").trim_end_matches('0').to_string()
     }
 }
 

@@ -11,7 +11,7 @@ use crate::config::{READAHEAD_BYTES, READAHEAD_TRIGGER};
 use crate::counters::Counters;
 use crate::extension::Extension;
 use crate::files::FileHandle;
-use crate::io::{DataDevice, Instrumented};
+use crate::io::{DataDevice, DeviceOp, Instrumented};
 use crate::page::{PageKey, Tier};
 use crate::pool::{Frame, LoadSource, Lookup, Ticket};
 use crate::{Error, Result};
@@ -324,10 +324,19 @@ impl Engine {
             ext.invalidate(key);
         }
         let own = file.data();
-        let written = match (via.0, own.as_deref()) {
-            (Some(v), _) => v.write_at(page * page_size as u64, data),
-            (None, Some(d)) => d.write_at(page * page_size as u64, data),
-            (None, None) => Err(std::io::Error::other("the file is not open")),
+        let device: Option<&dyn DataDevice> = match (via.0, own.as_deref()) {
+            (Some(v), _) => Some(v),
+            (None, Some(d)) => Some(d),
+            (None, None) => None,
+        };
+        let written = match device {
+            Some(device) => Instrumented {
+                inner: device,
+                emulator: self.emulator.as_deref(),
+                faults: &self.faults,
+            }
+            .write_at(page * page_size as u64, data),
+            None => Err(std::io::Error::other("the file is not open")),
         };
         match written {
             Ok(()) => {
@@ -363,11 +372,29 @@ impl Engine {
     }
 
     /// Makes previous writes through the file's own descriptor durable (and drops them from the
-    /// OS page cache).
+    /// OS page cache). Charged as a flush of the emulated device, if there is one.
     pub fn sync(&self, file: &FileHandle) -> Result<()> {
         match file.data() {
-            Some(d) => d.sync(),
+            Some(d) => {
+                self.charge_data_device(DeviceOp::Sync);
+                d.sync()
+            }
             None => Ok(()),
+        }
+    }
+
+    /// True when data-file I/O is charged to an emulated device (benchmarks and tests).
+    pub fn emulates_data_device(&self) -> bool {
+        self.emulator.is_some()
+    }
+
+    /// Charges `op` to the emulated data device, if there is one: blocks as long as the device
+    /// would take. For I/O of a database's other files that the caller does itself (SQLite's
+    /// journal and WAL, its syncs of the database), so that every file of a database is on the
+    /// same emulated device as its pages. Free without emulation.
+    pub fn charge_data_device(&self, op: DeviceOp) {
+        if let Some(emulator) = &self.emulator {
+            emulator.charge(op);
         }
     }
 

@@ -4,6 +4,7 @@
 //! Emulation of a slow device and fault injection wrap whichever device is used.
 
 use super::extension_file::ExtensionFile;
+use super::emulation::DeviceOp;
 use super::{Emulator, FaultInjector};
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ pub trait DataDevice {
     fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()>;
 }
 
-/// A device with emulated latency and injected faults in front of it (benchmarks and tests;
+/// A device with emulated costs (reads and writes) and injected faults in front of it (benchmarks and tests;
 /// unused, it costs one relaxed atomic load per request).
 pub struct Instrumented<'a> {
     pub inner: &'a dyn DataDevice,
@@ -29,12 +30,15 @@ impl DataDevice for Instrumented<'_> {
             return Err(e);
         }
         if let Some(emu) = self.emulator {
-            emu.before_io();
+            emu.charge(DeviceOp::Read(buf.len() as u64));
         }
         self.inner.read_at(offset, buf)
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        if let Some(emu) = self.emulator {
+            emu.charge(DeviceOp::Write(data.len() as u64));
+        }
         self.inner.write_at(offset, data)
     }
 }
