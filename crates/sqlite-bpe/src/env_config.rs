@@ -7,7 +7,12 @@
 //! | `BPE_EXTENSION_FILE`, `BPE_EXTENSION_SIZE` | enable the extension at that absolute path with that size (`4GB`, `512 MB`, ...) |
 //! | `BPE_DIRECT_IO` | `0` to read data files through the OS page cache (default `1`) |
 //! | `BPE_READAHEAD` | `0` to turn readahead off (default `1`) |
-//! | `BPE_DATA_LATENCY_US`, `BPE_DATA_IOPS` | emulate a slow data device: latency per read and an IOPS cap (benchmarks only) |
+//! | `BPE_DATA_LATENCY_US`, `BPE_DATA_WRITE_LATENCY_US`, `BPE_DATA_SYNC_LATENCY_US` | emulate a slow data device (benchmarks only): microseconds per read, per write, per sync (at most 1 s) |
+//! | `BPE_DATA_READ_MBPS`, `BPE_DATA_WRITE_MBPS` | its bandwidth in MB/s (10^6 bytes; 0 or unset: unlimited, else at least 1): a request takes its latency plus its size / bandwidth |
+//! | `BPE_DATA_IOPS`, `BPE_DATA_WRITE_IOPS` | its read and write IOPS caps (0 or unset: none), across all threads |
+//!
+//! Any of the `BPE_DATA_*` variables turns the emulation on; it charges every I/O of the
+//! databases' files (pages, journal, WAL, syncs: see `vfs/charged_file.rs`).
 //!
 //! The values go through the same checks as the same settings given in SQL (`check_max_memory`,
 //! `check_extension_size`, the extension path rules), with one difference in what a failure
@@ -19,6 +24,101 @@ use bpe_core::{check_extension_size, check_max_memory, Config, DeviceEmulation, 
 use bpe_tsql::Statement;
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// The emulated data device's variables, each with how its value sets the model (see the table
+/// above). [`emulation_env`] is the inverse, for benchmarks that start processes with a model.
+const EMULATION_VARS: [(&str, Knob); 7] = [
+    ("BPE_DATA_LATENCY_US", Knob::ReadLatency),
+    ("BPE_DATA_WRITE_LATENCY_US", Knob::WriteLatency),
+    ("BPE_DATA_SYNC_LATENCY_US", Knob::SyncLatency),
+    ("BPE_DATA_READ_MBPS", Knob::ReadMbps),
+    ("BPE_DATA_WRITE_MBPS", Knob::WriteMbps),
+    ("BPE_DATA_IOPS", Knob::ReadIops),
+    ("BPE_DATA_WRITE_IOPS", Knob::WriteIops),
+];
+
+#[derive(Clone, Copy)]
+enum Knob {
+    ReadLatency,
+    WriteLatency,
+    SyncLatency,
+    ReadMbps,
+    WriteMbps,
+    ReadIops,
+    WriteIops,
+}
+
+const MB: u64 = 1_000_000;
+
+impl Knob {
+    /// Sets this knob of `model` to `value` (in the variable's unit); None if it does not fit.
+    fn set(self, model: &mut DeviceEmulation, value: u64) -> Option<()> {
+        let us = Duration::from_micros;
+        match self {
+            Knob::ReadLatency => model.read_latency = us(value),
+            Knob::WriteLatency => model.write_latency = us(value),
+            Knob::SyncLatency => model.sync_latency = us(value),
+            Knob::ReadMbps => model.read_bandwidth = value.checked_mul(MB)?,
+            Knob::WriteMbps => model.write_bandwidth = value.checked_mul(MB)?,
+            Knob::ReadIops => model.read_iops = u32::try_from(value).ok()?,
+            Knob::WriteIops => model.write_iops = u32::try_from(value).ok()?,
+        }
+        Some(())
+    }
+
+    /// This knob of `model`, in the variable's unit (bandwidth rounded to whole MB/s).
+    fn get(self, model: &DeviceEmulation) -> u64 {
+        let us = |d: Duration| d.as_micros().min(u64::MAX as u128) as u64;
+        match self {
+            Knob::ReadLatency => us(model.read_latency),
+            Knob::WriteLatency => us(model.write_latency),
+            Knob::SyncLatency => us(model.sync_latency),
+            Knob::ReadMbps => model.read_bandwidth.div_ceil(MB),
+            Knob::WriteMbps => model.write_bandwidth.div_ceil(MB),
+            Knob::ReadIops => model.read_iops as u64,
+            Knob::WriteIops => model.write_iops as u64,
+        }
+    }
+}
+
+/// The names of the emulated device's variables (for processes that must not inherit them).
+pub fn emulation_var_names() -> impl Iterator<Item = &'static str> {
+    EMULATION_VARS.iter().map(|(name, _)| *name)
+}
+
+/// The variables that configure `model` in a process started with them (every one set, so
+/// that nothing inherited mixes in).
+pub fn emulation_env(model: &DeviceEmulation) -> Vec<(&'static str, String)> {
+    EMULATION_VARS
+        .iter()
+        .map(|(name, knob)| (*name, knob.get(model).to_string()))
+        .collect()
+}
+
+/// The emulated data device the `BPE_DATA_*` variables describe; None if none is set. Each
+/// value is checked on its own by the model's one rule, so that the error names its variable.
+fn device_emulation_from_env() -> Result<Option<DeviceEmulation>, String> {
+    device_emulation_from(var)
+}
+
+/// As [`device_emulation_from_env`], with the variables' values from `lookup`.
+fn device_emulation_from(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<DeviceEmulation>, String> {
+    let mut model = DeviceEmulation::default();
+    let mut any = false;
+    for (name, knob) in EMULATION_VARS {
+        let Some(v) = lookup(name) else { continue };
+        any = true;
+        let value = number(name, &v)?;
+        let mut alone = DeviceEmulation::default();
+        knob.set(&mut alone, value)
+            .ok_or_else(|| format!("{name}={v} is too large"))?;
+        alone.validate().map_err(|e| format!("{name}={v}: {e}"))?;
+        knob.set(&mut model, value);
+    }
+    Ok(any.then_some(model))
+}
 
 #[derive(Clone, Debug, Default)]
 pub struct EnvConfig {
@@ -68,25 +168,7 @@ impl EnvConfig {
         if let Some(v) = var("BPE_READAHEAD") {
             config.readahead = flag("BPE_READAHEAD", &v)?;
         }
-        let latency = var("BPE_DATA_LATENCY_US")
-            .map(|v| number("BPE_DATA_LATENCY_US", &v))
-            .transpose()?;
-        let iops = var("BPE_DATA_IOPS")
-            .map(|v| {
-                let n = number("BPE_DATA_IOPS", &v)?;
-                u32::try_from(n).map_err(|_| format!("BPE_DATA_IOPS={v} is above {}", u32::MAX))
-            })
-            .transpose()?;
-        if latency.is_some() || iops.is_some() {
-            let emulation = DeviceEmulation {
-                latency: Duration::from_micros(latency.unwrap_or(0)),
-                iops: iops.unwrap_or(0),
-            };
-            emulation
-                .validate()
-                .map_err(|e| format!("BPE_DATA_LATENCY_US: {e}"))?;
-            config.data_device = Some(emulation);
-        }
+        config.data_device = device_emulation_from_env()?;
         let extension = match (var("BPE_EXTENSION_FILE"), var("BPE_EXTENSION_SIZE")) {
             (None, None) => None,
             (Some(path), Some(size)) => {
@@ -114,6 +196,56 @@ impl EnvConfig {
             let reason = format!("BPE_EXTENSION_FILE: {e}");
             crate::api::log(libsqlite3_sys::SQLITE_WARNING, &reason);
             engine.note_extension_failure(reason);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from(vars: &[(&str, String)]) -> Result<Option<DeviceEmulation>, String> {
+        device_emulation_from(|name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn the_emulation_variables_round_trip() {
+        let model = DeviceEmulation {
+            read_latency: Duration::from_micros(8000),
+            write_latency: Duration::from_micros(9000),
+            sync_latency: Duration::from_micros(7000),
+            read_bandwidth: 150 * MB,
+            write_bandwidth: 120 * MB,
+            read_iops: 150,
+            write_iops: 140,
+        };
+        assert_eq!(from(&emulation_env(&model)), Ok(Some(model)));
+        assert_eq!(from(&[]), Ok(None));
+        let one = [("BPE_DATA_WRITE_MBPS", "125".to_string())];
+        assert_eq!(
+            from(&one),
+            Ok(Some(DeviceEmulation {
+                write_bandwidth: 125 * MB,
+                ..DeviceEmulation::default()
+            }))
+        );
+    }
+
+    #[test]
+    fn a_bad_emulation_value_is_refused_naming_its_variable() {
+        for (name, value) in [
+            ("BPE_DATA_SYNC_LATENCY_US", "2000000"),
+            ("BPE_DATA_WRITE_LATENCY_US", "18446744073709551615"),
+            ("BPE_DATA_READ_MBPS", "18446744073709551615"),
+            ("BPE_DATA_WRITE_IOPS", "5000000000"),
+            ("BPE_DATA_WRITE_IOPS", "-1"),
+        ] {
+            let err = from(&[(name, value.to_string())]).unwrap_err();
+            assert!(err.contains(name), "{name}={value}: {err}");
         }
     }
 }

@@ -17,7 +17,7 @@ mod process;
 mod vfs;
 mod vtab;
 
-pub use env_config::EnvConfig;
+pub use env_config::{emulation_env, emulation_var_names, EnvConfig};
 
 use bpe_core::Engine;
 use libsqlite3_sys::{sqlite3, sqlite3_api_routines, SQLITE_ERROR, SQLITE_OK};

@@ -41,6 +41,11 @@ const BPE_VARS: &[&str] = &[
     "BPE_READAHEAD",
     "BPE_DATA_LATENCY_US",
     "BPE_DATA_IOPS",
+    "BPE_DATA_WRITE_LATENCY_US",
+    "BPE_DATA_SYNC_LATENCY_US",
+    "BPE_DATA_READ_MBPS",
+    "BPE_DATA_WRITE_MBPS",
+    "BPE_DATA_WRITE_IOPS",
 ];
 
 fn extension_state(c: &Connection) -> (Option<String>, i64, Option<String>) {

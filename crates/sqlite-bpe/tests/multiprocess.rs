@@ -708,6 +708,11 @@ const BPE_VARS: &[&str] = &[
     "BPE_READAHEAD",
     "BPE_DATA_LATENCY_US",
     "BPE_DATA_IOPS",
+    "BPE_DATA_WRITE_LATENCY_US",
+    "BPE_DATA_SYNC_LATENCY_US",
+    "BPE_DATA_READ_MBPS",
+    "BPE_DATA_WRITE_MBPS",
+    "BPE_DATA_WRITE_IOPS",
 ];
 
 fn spawn(slot: usize, dir: &Path, wal: bool, seed: u64) -> Incarnation {

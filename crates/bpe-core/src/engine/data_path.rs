@@ -11,7 +11,7 @@ use crate::config::{READAHEAD_BYTES, READAHEAD_TRIGGER};
 use crate::counters::Counters;
 use crate::extension::Extension;
 use crate::files::FileHandle;
-use crate::io::{DataDevice, DeviceOp, Instrumented};
+use crate::io::{DataDevice, DeviceCharges, DeviceOp, Instrumented};
 use crate::page::{PageKey, Tier};
 use crate::pool::{Frame, LoadSource, Lookup, Ticket};
 use crate::{Error, Result};
@@ -386,6 +386,11 @@ impl Engine {
     /// True when data-file I/O is charged to an emulated device (benchmarks and tests).
     pub fn emulates_data_device(&self) -> bool {
         self.emulator.is_some()
+    }
+
+    /// What the emulated data device was charged so far; None without emulation.
+    pub fn data_device_charges(&self) -> Option<DeviceCharges> {
+        self.emulator.as_ref().map(|e| e.charges())
     }
 
     /// Charges `op` to the emulated data device, if there is one: blocks as long as the device

@@ -3,8 +3,8 @@
 //! SQLite's own file methods where O_DIRECT is not used, so that SQLite's I/O hooks see it).
 //! Emulation of a slow device and fault injection wrap whichever device is used.
 
-use super::extension_file::ExtensionFile;
 use super::emulation::DeviceOp;
+use super::extension_file::ExtensionFile;
 use super::{Emulator, FaultInjector};
 use std::sync::Arc;
 

@@ -7,6 +7,7 @@
 
 use crate::config::DeviceEmulation;
 use crate::sync::{Mutex, Rank};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// One request to the emulated device.
@@ -95,6 +96,17 @@ pub struct Emulator {
     model: DeviceEmulation,
     origin: Instant,
     schedule: Mutex<Schedule>,
+    charged: [AtomicU64; 5],
+}
+
+/// What an emulated device was charged so far (so that tests and reports can count it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCharges {
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub writes: u64,
+    pub written_bytes: u64,
+    pub syncs: u64,
 }
 
 impl Emulator {
@@ -103,12 +115,35 @@ impl Emulator {
             model,
             origin: Instant::now(),
             schedule: Mutex::new(Rank::Leaf, Schedule::default()),
+            charged: Default::default(),
+        }
+    }
+
+    /// The requests charged so far.
+    pub fn charges(&self) -> DeviceCharges {
+        let [reads, read_bytes, writes, written_bytes, syncs] =
+            self.charged.each_ref().map(|c| c.load(Relaxed));
+        DeviceCharges {
+            reads,
+            read_bytes,
+            writes,
+            written_bytes,
+            syncs,
         }
     }
 
     /// Blocks the calling thread until `op` would complete on the emulated device (the caller
     /// then does the real I/O, which on a fast disk adds little).
     pub fn charge(&self, op: DeviceOp) {
+        let (count, bytes) = match op {
+            DeviceOp::Read(n) => (0, Some((1, n))),
+            DeviceOp::Write(n) => (2, Some((3, n))),
+            DeviceOp::Sync => (4, None),
+        };
+        self.charged[count].fetch_add(1, Relaxed);
+        if let Some((at, n)) = bytes {
+            self.charged[at].fetch_add(n, Relaxed);
+        }
         let done = {
             let mut schedule = self.schedule.lock();
             // Read under the lock, so that requests enter the schedule in time order.
@@ -153,10 +188,7 @@ mod tests {
         };
         let mut s = Schedule::default();
         // 1 MB at 100 MB/s: 10 ms of transfer after 8 ms of latency.
-        assert_eq!(
-            s.complete(&model, DeviceOp::Read(1_000_000), at(0)),
-            at(18)
-        );
+        assert_eq!(s.complete(&model, DeviceOp::Read(1_000_000), at(0)), at(18));
         // Writes at 50 MB/s: 20 ms of transfer, on their own lane (not behind the read).
         assert_eq!(
             s.complete(&model, DeviceOp::Write(1_000_000), at(0)),
@@ -225,7 +257,11 @@ mod tests {
     fn a_free_model_charges_nothing() {
         let model = DeviceEmulation::default();
         let mut s = Schedule::default();
-        for op in [DeviceOp::Read(1 << 20), DeviceOp::Write(1 << 20), DeviceOp::Sync] {
+        for op in [
+            DeviceOp::Read(1 << 20),
+            DeviceOp::Write(1 << 20),
+            DeviceOp::Sync,
+        ] {
             assert_eq!(s.complete(&model, op, at(7)), at(7));
         }
     }

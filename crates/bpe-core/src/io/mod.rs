@@ -12,5 +12,5 @@ pub mod faults;
 pub use aligned::AlignedBuf;
 pub use data_file::{DataFile, FileIdentity, FileStamp};
 pub use device::{DataDevice, FaultyExtensionFile, Instrumented};
-pub use emulation::{DeviceOp, Emulator};
+pub use emulation::{DeviceCharges, DeviceOp, Emulator};
 pub use faults::FaultInjector;

@@ -12,7 +12,7 @@ use super::unix_file::{self, unix, UnixFile};
 use crate::api;
 use crate::ffi::guard;
 use bpe_core::FileIdentity;
-use bpe_core::{Engine, Error, FileHandle, OpenRequest, Via};
+use bpe_core::{DeviceOp, Engine, Error, FileHandle, OpenRequest, Via};
 use libsqlite3_sys::*;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::{Path, PathBuf};
@@ -306,6 +306,8 @@ unsafe extern "C" fn write(
         } else {
             // Not a page: write it as SQLite asked and forget what we cached of the file.
             conn.txn_unloggable = true;
+            conn.engine
+                .charge_data_device(DeviceOp::Write(amt.max(0) as u64));
             let rc = unix!(real, xWrite, buf, amt, off);
             if rc != SQLITE_OK {
                 return rc;
@@ -339,6 +341,7 @@ unsafe extern "C" fn truncate(f: *mut sqlite3_file, size: i64) -> c_int {
 unsafe extern "C" fn sync(f: *mut sqlite3_file, flags: c_int) -> c_int {
     method!(f, SQLITE_IOERR_FSYNC, "xSync", |conn, real| {
         // fsync through the unix descriptor flushes the inode, our writes included.
+        conn.engine.charge_data_device(DeviceOp::Sync);
         let rc = unix!(real, xSync, flags);
         if rc == SQLITE_OK {
             conn.engine.release_os_cache(&conn.handle);

@@ -1,12 +1,15 @@
 //! The `bpe` VFS: a shim over SQLite's default (unix) VFS. Journals, WAL, shared memory and temp
 //! files are opened by the unix VFS in place and keep its methods; only the main database file
-//! gets our methods (`file.rs`), which send its page reads and writes through the core.
+//! gets our methods (`file.rs`), which send its page reads and writes through the core. With
+//! device emulation on (benchmarks), journals and WAL files get methods that charge their I/O to
+//! the emulated device (`charged_file.rs`).
 //!
 //! Every file opened through this VFS, of any kind, is checked against the extension file: no
 //! file SQLite opens may ever be it (a WAL or a database at the extension's path would be
 //! overwritten by the extension's writer, and the other way round).
 
 mod change_detect;
+mod charged_file;
 mod file;
 mod peer_log;
 mod unix_file;
@@ -102,7 +105,12 @@ unsafe fn open_inner(
     // SAFETY: unix is the registered VFS we wrap; it implements xOpen.
     let unix_open = unsafe { (*unix).xOpen.expect("unix VFS has xOpen") };
     let main_db = flags & SQLITE_OPEN_MAIN_DB != 0 && !name.is_null();
-    let real = if main_db {
+    let charged = if main_db {
+        None
+    } else {
+        charged_file::charged_engine(flags)
+    };
+    let real = if main_db || charged.is_some() {
         // SAFETY: f has room for REAL_OFFSET + the unix file (szOsFile).
         let real = unsafe { file::real(f) };
         // SAFETY: SQLite zeroes nothing for us: mark the file closed until it is fully open.
@@ -136,6 +144,12 @@ unsafe fn open_inner(
             unsafe { file::close_real(real) };
             return SQLITE_CANTOPEN;
         }
+    }
+    if let Some(engine) = charged {
+        // A journal or WAL on the emulated device: the unix file behind our charging methods.
+        // SAFETY: f has room for REAL_OFFSET + the unix file, which is open; close() frees it.
+        unsafe { charged_file::install(f, engine) };
+        return SQLITE_OK;
     }
     if !main_db {
         // Not the main database: the unix VFS's file, in place, with its own methods.
