@@ -39,11 +39,13 @@ pub struct PlotArgs {
 /// Options every benchmark takes.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CommonArgs {
-    /// Data device: `emulated:hdd` (8 ms, 150 IOPS), `emulated:san` (1 ms), `emulated:gp3`
-    /// (1 ms, 3000 IOPS), `emulated:ssd` (none), `emulated:2ms`, `emulated:500us`,
-    /// `emulated:8ms:150` (latency, optional IOPS cap), or `real` (no emulation: whatever
-    /// device --data-dir is on). Default: emulated:hdd (autocommit: emulated:2ms), or real
-    /// when --data-dir is given.
+    /// Data device, emulated in-process (every read, write and sync of the database's files
+    /// is charged latency + size / bandwidth, under an IOPS cap): `emulated:hdd` (8 ms per
+    /// read, write and sync, 150 MB/s, 150 IOPS), `emulated:san` (1 ms, 400 MB/s),
+    /// `emulated:gp3` (1 ms, 125 MB/s, 3000 IOPS), `emulated:ssd` (100 µs, 1 ms per sync,
+    /// 500 MB/s), `emulated:2ms`, `emulated:500us`, `emulated:8ms:150:150` (latency, optional
+    /// IOPS cap, optional MB/s); or `real` (no emulation: whatever device --data-dir is on).
+    /// Default: emulated:hdd (autocommit: emulated:2ms), or real when --data-dir is given.
     #[arg(long, value_name = "DEVICE")]
     pub data_device: Option<String>,
     /// Directory for the database files (e.g. a slow volume). Default: under --ext-dir.

@@ -149,11 +149,11 @@ impl Runner<'_> {
             .env("BPE_DIRECT_IO", "1");
         let device = &self.storage.data_device;
         if emulated && device.emulated {
-            cmd.env("BPE_DATA_LATENCY_US", device.latency_us.to_string())
-                .env("BPE_DATA_IOPS", device.iops.to_string());
+            cmd.envs(sqlite_bpe::emulation_env(&device.model.to_core()));
         } else {
-            cmd.env_remove("BPE_DATA_LATENCY_US")
-                .env_remove("BPE_DATA_IOPS");
+            for var in sqlite_bpe::emulation_var_names() {
+                cmd.env_remove(var);
+            }
         }
         let status = cmd
             .status()

@@ -220,12 +220,13 @@ fn summarize(
     data_ref: Option<&reference::Reference>,
 ) -> serde_json::Value {
     let d = &r.storage.data_device;
+    const READAHEAD: u64 = bpe_core::config::READAHEAD_BYTES as u64;
     // The slow device's sequential bandwidth: measured for a real device; for the emulation,
     // what it allows at queue depth 1 with the core's largest request (readahead, 256 KiB).
     let slow_mb_s = match data_ref {
         Some(x) => x.seq_read_mb_s,
-        None if d.emulated && d.emulated_request_s() > 0.0 => {
-            (bpe_core::config::READAHEAD_BYTES as f64 / 1048576.0) / d.emulated_request_s()
+        None if d.emulated_read_s(READAHEAD) > 0.0 => {
+            (READAHEAD as f64 / 1048576.0) / d.emulated_read_s(READAHEAD)
         }
         None => r.reference.as_ref().map_or(0.0, |x| x.seq_read_mb_s),
     };

@@ -10,55 +10,107 @@ use std::path::{Path, PathBuf};
 pub struct DataDevice {
     /// `emulated:hdd`, ..., or `real`.
     pub name: String,
-    /// In-process emulation (per-request latency, IOPS cap); false for a real device.
+    /// In-process emulation of the device's costs; false for a real device.
     pub emulated: bool,
-    pub latency_us: u64,
-    /// 0: no cap.
-    pub iops: u32,
+    /// What the emulation charges (all zero for a real device).
+    pub model: Emulation,
+}
+
+/// An emulated device's costs in the units of the `BPE_DATA_*` variables (µs, MB/s of 10^6
+/// bytes, IOPS; 0: free or unlimited). See [`bpe_core::DeviceEmulation`] for the model.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Emulation {
+    pub read_latency_us: u64,
+    pub write_latency_us: u64,
+    pub sync_latency_us: u64,
+    pub read_mb_s: u64,
+    pub write_mb_s: u64,
+    pub read_iops: u32,
+    pub write_iops: u32,
+}
+
+impl Emulation {
+    /// The same latency for reads, writes and syncs, the same bandwidth and IOPS cap both ways.
+    pub fn symmetric(latency_us: u64, mb_s: u64, iops: u32) -> Self {
+        Emulation {
+            read_latency_us: latency_us,
+            write_latency_us: latency_us,
+            sync_latency_us: latency_us,
+            read_mb_s: mb_s,
+            write_mb_s: mb_s,
+            read_iops: iops,
+            write_iops: iops,
+        }
+    }
+
+    pub fn to_core(&self) -> bpe_core::DeviceEmulation {
+        let us = std::time::Duration::from_micros;
+        bpe_core::DeviceEmulation {
+            read_latency: us(self.read_latency_us),
+            write_latency: us(self.write_latency_us),
+            sync_latency: us(self.sync_latency_us),
+            read_bandwidth: self.read_mb_s.saturating_mul(1_000_000),
+            write_bandwidth: self.write_mb_s.saturating_mul(1_000_000),
+            read_iops: self.read_iops,
+            write_iops: self.write_iops,
+        }
+    }
 }
 
 impl DataDevice {
-    /// What the in-process emulation charges, e.g. "2000 µs per read, at most 150 IOPS"; None
-    /// for a real device.
+    /// What the in-process emulation charges, e.g. "read 8000 us + 150 MB/s, at most 150 IOPS;
+    /// write ...; sync 8000 us"; None for a real device.
     pub fn emulation(&self) -> Option<String> {
-        self.emulated.then(|| match self.iops {
-            0 => format!("{} µs per read", self.latency_us),
-            iops => format!("{} µs per read, at most {iops} IOPS", self.latency_us),
-        })
+        self.emulated.then(|| self.model.to_core().to_string())
     }
 
     pub fn parse(s: &str) -> anyhow::Result<Self> {
-        let (latency_us, iops) = match s {
-            "emulated:hdd" => (8000, 150),
-            "emulated:san" => (1000, 0),
-            "emulated:gp3" => (1000, 3000),
-            "emulated:ssd" => (0, 0),
+        let model = match s {
+            // A 7200 rpm disk: a seek and half a turn per request, either way.
+            "emulated:hdd" => Emulation::symmetric(8000, 150, 150),
+            // A SAN LUN: a network round trip and the array's cache, no per-volume cap.
+            "emulated:san" => Emulation::symmetric(1000, 400, 0),
+            // An AWS gp3 volume at its baseline.
+            "emulated:gp3" => Emulation::symmetric(1000, 125, 3000),
+            // A SATA SSD: fast reads and writes, a slower cache flush.
+            "emulated:ssd" => Emulation {
+                sync_latency_us: 1000,
+                ..Emulation::symmetric(100, 500, 0)
+            },
             "real" | "none" => {
                 return Ok(DataDevice {
                     name: "real".into(),
                     emulated: false,
-                    latency_us: 0,
-                    iops: 0,
+                    model: Emulation::default(),
                 })
             }
             _ => match s.strip_prefix("emulated:").and_then(custom_emulation) {
                 Some(d) => d,
                 None => bail!(
-                    "unknown data device {s:?}: use emulated:hdd, emulated:san, emulated:gp3, emulated:ssd, emulated:<N>ms or emulated:<N>us (optionally :<IOPS>), or real"
+                    "unknown data device {s:?}: use emulated:hdd, emulated:san, emulated:gp3, emulated:ssd, emulated:<N>ms or emulated:<N>us (optionally :<IOPS>[:<MB/s>]), or real"
                 ),
             },
         };
-        Ok(DataDevice::emulated(s, latency_us, iops))
+        let device = DataDevice {
+            name: s.into(),
+            emulated: true,
+            model,
+        };
+        device
+            .model
+            .to_core()
+            .validate()
+            .map_err(|e| anyhow::anyhow!("data device {s:?}: {e}"))?;
+        Ok(device)
     }
 
-    /// An emulated device named `name`: `latency_us` per request, at most `iops` requests a
-    /// second (0: no cap).
+    /// An emulated device named `name`: `latency_us` per read, write and sync, at most `iops`
+    /// requests a second each way (0: no cap), unlimited bandwidth.
     pub fn emulated(name: &str, latency_us: u64, iops: u32) -> Self {
         DataDevice {
             name: name.into(),
             emulated: true,
-            latency_us,
-            iops,
+            model: Emulation::symmetric(latency_us, 0, iops),
         }
     }
 
@@ -67,30 +119,43 @@ impl DataDevice {
         DataDevice::parse("real").expect("known device")
     }
 
-    /// Seconds one request takes at queue depth 1 under the emulation (0 for a real device).
-    pub fn emulated_request_s(&self) -> f64 {
-        let lat = self.latency_us as f64 / 1e6;
-        let gap = if self.iops > 0 {
-            1.0 / self.iops as f64
+    /// Seconds one read of `bytes` takes at queue depth 1 under the emulation (0 for a real
+    /// device): its latency plus its transfer, or the IOPS cap's spacing if that is longer.
+    pub fn emulated_read_s(&self, bytes: u64) -> f64 {
+        if !self.emulated {
+            return 0.0;
+        }
+        let m = &self.model;
+        let transfer = if m.read_mb_s > 0 {
+            bytes as f64 / (m.read_mb_s as f64 * 1e6)
         } else {
             0.0
         };
-        lat.max(gap)
+        let gap = if m.read_iops > 0 {
+            1.0 / m.read_iops as f64
+        } else {
+            0.0
+        };
+        (m.read_latency_us as f64 / 1e6 + transfer).max(gap)
     }
 }
 
-/// `2ms`, `500us`, `8ms:150`: a latency per request and an optional IOPS cap.
-fn custom_emulation(spec: &str) -> Option<(u64, u32)> {
-    let (latency, iops) = match spec.split_once(':') {
-        Some((l, i)) => (l, i.parse().ok()?),
-        None => (spec, 0),
-    };
+/// `2ms`, `500us`, `8ms:150`, `8ms:150:150`: a latency per read, write and sync, an optional
+/// IOPS cap and an optional bandwidth in MB/s (both ways).
+fn custom_emulation(spec: &str) -> Option<Emulation> {
+    let mut parts = spec.split(':');
+    let latency = parts.next()?;
+    let iops = parts.next().map_or(Some(0), |i| i.parse().ok())?;
+    let mb_s = parts.next().map_or(Some(0), |b| b.parse().ok())?;
+    if parts.next().is_some() {
+        return None;
+    }
     let us = match (latency.strip_suffix("ms"), latency.strip_suffix("us")) {
         (Some(ms), _) => ms.parse::<u64>().ok()?.checked_mul(1000)?,
         (None, Some(us)) => us.parse().ok()?,
         _ => return None,
     };
-    Some((us, iops))
+    Some(Emulation::symmetric(us, mb_s, iops))
 }
 
 /// The storage of one benchmark run.

@@ -8,8 +8,7 @@
 //! - `limited_memory_bpe`: the same memory plus an extension four times the table, warmed by a
 //!   full scan: most lookups read the extension on the fast local disk instead.
 //!
-//! The slow data device of the experiment is emulated in-process (`BPE_DATA_LATENCY_US` /
-//! `BPE_DATA_IOPS`), so that the demo needs no SAN and finishes in about a minute. The files go
+//! The slow data device of the experiment is emulated in-process (the `BPE_DATA_*` variables), so that the demo needs no SAN and finishes in about a minute. The files go
 //! to a temporary directory, removed at the end. [`measure`] is the experiment without printing.
 
 use anyhow::{bail, Context};
@@ -32,11 +31,12 @@ pub struct DemoOptions {
     /// max server memory (MB) of the limited configurations: keep it well below the table.
     #[arg(long, default_value_t = Plan::demo().memory_mb)]
     pub memory_mb: u64,
-    /// Emulated latency of each database-file read, in microseconds (0: the real disk).
+    /// Emulated latency of each database-file read, write and sync, in microseconds (0: the
+    /// real disk).
     /// 2000 is a SAN-like volume.
     #[arg(long, default_value_t = 2000)]
     pub latency_us: u64,
-    /// Emulated IOPS limit of the database file (0: none).
+    /// Emulated IOPS limit of the database file, reads and writes each (0: none).
     #[arg(long, default_value_t = 0)]
     pub iops: u32,
     /// Where to make the temporary work directory: a real disk, not tmpfs, so that O_DIRECT
@@ -174,8 +174,8 @@ impl DemoReport {
         let d = &r.storage.data_device;
         out.push_str(&match d.emulation() {
             Some(e) => format!(
-                "Database file reads: EMULATED slow device, {e} (BPE_DATA_LATENCY_US / \
-                 BPE_DATA_IOPS); the extension is on the real local disk.\n"
+                "Database files: EMULATED slow device, {e} (the BPE_DATA_* variables); \
+                 the extension is on the real local disk.\n"
             ),
             None => "Database file reads: the real local disk, no emulated latency.\n".into(),
         });
@@ -234,7 +234,7 @@ pub fn run(o: &DemoOptions) -> anyhow::Result<()> {
         thousands(o.rows),
         if o.latency_us > 0 {
             format!(
-                ", database reads delayed {} us each (emulated)",
+                ", database I/O delayed {} us per request (emulated)",
                 o.latency_us
             )
         } else {
