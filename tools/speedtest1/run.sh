@@ -25,7 +25,7 @@
 #
 # Environment: BPE_SPEEDTEST_DIR (cache of sources and the build; default target/speedtest1),
 # SPEEDTEST1_C (use this speedtest1.c instead of fetching Debian's source package),
-# BPE_DATA_LATENCY_US / BPE_DATA_IOPS / BPE_EXTENSION_FILE / BPE_EXTENSION_SIZE / BPE_DIRECT_IO
+# BPE_DATA_* (emulated device) / BPE_EXTENSION_FILE / BPE_EXTENSION_SIZE / BPE_DIRECT_IO
 # are passed to the bpe runs as they are.
 set -euo pipefail
 

@@ -43,7 +43,7 @@ impl Emulation {
         }
     }
 
-    pub fn to_core(&self) -> bpe_core::DeviceEmulation {
+    pub fn to_core(self) -> bpe_core::DeviceEmulation {
         let us = std::time::Duration::from_micros;
         bpe_core::DeviceEmulation {
             read_latency: us(self.read_latency_us),
