@@ -8,6 +8,13 @@ pub const DEFAULT_MAX_MEMORY: u64 = 128 << 20;
 pub const MIN_MAX_MEMORY: u64 = 256 << 10;
 /// Bytes charged per cached L1 page on top of its data (frame, map entry, queue entry).
 pub const L1_FRAME_OVERHEAD: u64 = 96;
+/// L1's slab may keep this much more than L1's target in use: room for frames that left L1 and
+/// are still held (staged for the extension writer, being copied by a reader), and for chunks
+/// split between page sizes. Part of the fixed overhead of docs/RELIABILITY.md.
+pub const L1_SLAB_SLACK: u64 = 4 << 20;
+/// When the bytes fit but the slab has no free slot, L1 evicts at most this many more frames
+/// before it serves the page without caching it.
+pub const SLOT_EVICTIONS: usize = 8;
 /// Page sizes accepted (SQLite's range).
 pub const MIN_PAGE_SIZE: usize = 512;
 pub const MAX_PAGE_SIZE: usize = 65536;

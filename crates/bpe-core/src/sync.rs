@@ -94,8 +94,10 @@ pub enum Rank {
     ExtensionSlot = 70,
     /// `Extension::tables`: the L2 index and the staged set.
     ExtensionTables = 80,
-    /// Leaf locks: nothing is taken while one is held.
+    /// Leaf locks: nothing is taken while one is held (but the slab's, as a frame may be dropped).
     Leaf = 90,
+    /// `pool::Slab`'s free lists: taken wherever a frame is made or dropped, nothing under it.
+    Slab = 95,
 }
 
 #[cfg(debug_assertions)]

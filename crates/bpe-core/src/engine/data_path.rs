@@ -13,7 +13,7 @@ use crate::extension::Extension;
 use crate::files::FileHandle;
 use crate::io::{DataDevice, DeviceCharges, DeviceOp, Instrumented};
 use crate::page::{PageKey, Tier};
-use crate::pool::{Frame, LoadSource, Lookup, Ticket};
+use crate::pool::{LoadSource, Lookup, NewFrame, Ticket};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -164,17 +164,23 @@ impl Engine {
             .fetched_until(key.page + 1 + fetched);
     }
 
-    fn frame(
+    /// A frame for L1, its bytes still in `data` (the pool copies them into its slab).
+    fn frame<'a>(
         &self,
         file: &FileHandle,
         key: PageKey,
-        data: &[u8],
+        data: &'a [u8],
         started: Instant,
         prefetched: bool,
-    ) -> Frame {
-        let micros = started.elapsed().as_micros().min(u32::MAX as u128) as u32;
-        let cell = Some(file.key_cell().clone());
-        Frame::new(key, data.into(), self.now_ms(), micros, prefetched, cell)
+    ) -> NewFrame<'a> {
+        NewFrame {
+            key,
+            data,
+            now_ms: self.now_ms(),
+            read_micros: started.elapsed().as_micros().min(u32::MAX as u128) as u32,
+            prefetched,
+            current_key: Some(file.key_cell().clone()),
+        }
     }
 
     /// One read of the data file, through the O_DIRECT descriptor if the file has one, else
@@ -341,8 +347,14 @@ impl Engine {
         match written {
             Ok(()) => {
                 Counters::bump(&self.counters.page_writes);
-                let cell = Some(file.key_cell().clone());
-                let frame = Frame::new(key, data.into(), self.now_ms(), 0, false, cell);
+                let frame = NewFrame {
+                    key,
+                    data,
+                    now_ms: self.now_ms(),
+                    read_micros: 0,
+                    prefetched: false,
+                    current_key: Some(file.key_cell().clone()),
+                };
                 self.pool.finish_write(ticket, Some(frame), self);
                 Ok(())
             }

@@ -1,5 +1,6 @@
 //! A cached page in RAM. Its bytes never change: a write replaces the frame.
 
+use super::slab::Slot;
 use crate::config::L1_FRAME_OVERHEAD;
 use crate::page::PageKey;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
@@ -7,7 +8,8 @@ use std::sync::Arc;
 
 pub struct Frame {
     pub key: PageKey,
-    pub data: Box<[u8]>,
+    /// The page's bytes, in L1's slab (see `slab.rs`).
+    pub data: Slot,
     /// Accesses since queued (saturates at 3); the replacer reads and decays it.
     pub freq: AtomicU8,
     /// Brought in by readahead and not yet read: its first read is not a re-reference.
@@ -22,25 +24,38 @@ pub struct Frame {
     current_key: Option<Arc<AtomicU32>>,
 }
 
+/// A page about to be installed in L1, its bytes still in the caller's buffer: the pool copies
+/// them into a slot only once it has made room (so that no slot is taken for a page it cannot
+/// keep).
+pub struct NewFrame<'a> {
+    pub key: PageKey,
+    pub data: &'a [u8],
+    pub now_ms: u64,
+    pub read_micros: u32,
+    pub prefetched: bool,
+    pub current_key: Option<Arc<AtomicU32>>,
+}
+
+impl NewFrame<'_> {
+    /// Bytes the frame will count against max server memory.
+    pub fn charge(&self) -> u64 {
+        self.data.len() as u64 + L1_FRAME_OVERHEAD
+    }
+}
+
 impl Frame {
-    pub fn new(
-        key: PageKey,
-        data: Box<[u8]>,
-        now_ms: u64,
-        read_micros: u32,
-        prefetched: bool,
-        current_key: Option<Arc<AtomicU32>>,
-    ) -> Self {
+    /// The frame of `new`, its bytes copied into `slot` (of the same length).
+    pub(super) fn install(new: NewFrame<'_>, slot: Slot) -> Self {
         Frame {
-            key,
-            data,
+            key: new.key,
+            data: slot.filled(new.data),
             freq: AtomicU8::new(0),
-            prefetched: AtomicBool::new(prefetched),
+            prefetched: AtomicBool::new(new.prefetched),
             resident: AtomicBool::new(true),
-            loaded_ms: now_ms,
-            last_access_ms: AtomicU64::new(now_ms),
-            read_micros,
-            current_key,
+            loaded_ms: new.now_ms,
+            last_access_ms: AtomicU64::new(new.now_ms),
+            read_micros: new.read_micros,
+            current_key: new.current_key,
         }
     }
 

@@ -7,10 +7,13 @@
 mod frame;
 mod pending;
 mod replacer;
+mod slab;
 
-pub use frame::Frame;
+pub use frame::{Frame, NewFrame};
 pub use pending::Pending;
+pub use slab::{Slab, Slot, CHUNK_BYTES};
 
+use crate::config::{physical_memory, L1_SLAB_SLACK, SLOT_EVICTIONS};
 use crate::page::{FileKey, PageKey, PageKeyHash};
 use crate::sync::{Mutex, Rank, RwLock};
 use replacer::Replacer;
@@ -66,11 +69,17 @@ pub struct BufferPool {
     /// What L1 may use: max server memory less the extension index.
     target: AtomicU64,
     live_frames: AtomicUsize,
+    /// Where the frames' bytes live: at most the target plus [`L1_SLAB_SLACK`] of it in use.
+    slab: Slab,
 }
 
 impl BufferPool {
     pub fn new(target_bytes: u64) -> Self {
+        // Address space for the largest max server memory accepted (the machine's memory), so
+        // that raising it online never moves a frame.
+        let reserve = physical_memory().unwrap_or(0).max(target_bytes) + L1_SLAB_SLACK;
         BufferPool {
+            slab: Slab::new(reserve, target_bytes + L1_SLAB_SLACK),
             shards: (0..SHARDS)
                 .map(|_| RwLock::new(Rank::Shard, Shard::default()))
                 .collect(),
@@ -121,7 +130,7 @@ impl BufferPool {
     pub fn finish_load(
         &self,
         ticket: Ticket,
-        frame: Frame,
+        frame: NewFrame<'_>,
         source: LoadSource,
         sink: &dyn EvictionSink,
     ) -> bool {
@@ -161,7 +170,12 @@ impl BufferPool {
     }
 
     /// Ends a write: installs the new clean copy (if given) and wakes readers.
-    pub fn finish_write(&self, ticket: Ticket, frame: Option<Frame>, sink: &dyn EvictionSink) {
+    pub fn finish_write(
+        &self,
+        ticket: Ticket,
+        frame: Option<NewFrame<'_>>,
+        sink: &dyn EvictionSink,
+    ) {
         self.release(&ticket, frame, None, sink);
     }
 
@@ -170,14 +184,14 @@ impl BufferPool {
     fn release(
         &self,
         ticket: &Ticket,
-        frame: Option<Frame>,
+        frame: Option<NewFrame<'_>>,
         loaded_from: Option<LoadSource>,
         sink: &dyn EvictionSink,
     ) -> bool {
-        // The frame's bytes are reserved before it is installed (or it is not cached at all).
+        // The frame's bytes and slot are reserved before it is installed (or it is not cached).
         let frame = frame.and_then(|f| {
-            let f = Arc::new(f);
-            self.make_room(f.charge(), sink).then_some(f)
+            let slot = self.make_room(Some((f.charge(), f.data.len())), sink)?;
+            Some(Arc::new(Frame::install(f, slot)))
         });
         let mut shard = self.shard(&ticket.key).write();
         remove_if_same(&mut shard.pending, &ticket.key, &ticket.pending);
@@ -210,29 +224,40 @@ impl BufferPool {
             drop(r);
             // The target may have shrunk while this frame's bytes were reserved.
             if self.used.load(Relaxed) > self.target.load(Relaxed) {
-                self.make_room(0, sink);
+                self.make_room(None, sink);
             }
         }
         !invalidated
     }
 
-    /// Evicts until `incoming` more bytes fit under the target, and reserves them (the memory
-    /// bound's one place: bytes are charged here, under the replacer lock, before any frame is
-    /// installed, so concurrent installs cannot overshoot). False if they cannot fit: every
-    /// evictable frame is gone and the rest is reserved by installs in flight; the caller then
-    /// does not cache the page.
-    fn make_room(&self, incoming: u64, sink: &dyn EvictionSink) -> bool {
+    /// Evicts until the target holds what is used (and `incoming`'s bytes, if given), and
+    /// reserves them with a slot of its page size. This is the memory bound's one place: bytes
+    /// are charged here, under the replacer lock, before any frame is installed, so concurrent
+    /// installs cannot overshoot; and the slot comes from the slab, whose limit bounds what the
+    /// frames keep resident. None if they cannot fit: every evictable frame is gone and the rest
+    /// is reserved by installs in flight, or evicting [`SLOT_EVICTIONS`] more frames freed no
+    /// slot (frames that left L1 still hold theirs: staged for the extension, or being copied
+    /// by a reader). The caller then does not cache the page.
+    fn make_room(&self, incoming: Option<(u64, usize)>, sink: &dyn EvictionSink) -> Option<Slot> {
+        let (bytes, page_size) = incoming.unwrap_or((0, 0));
         let mut replacer = self.replacer.lock();
+        let mut slot_evictions = 0;
         loop {
             let target = self.target.load(Relaxed);
-            if self.used.load(Relaxed) + incoming <= target {
-                self.used.fetch_add(incoming, Relaxed);
-                return true;
+            if self.used.load(Relaxed) + bytes <= target {
+                // Only room was asked for (a shrink), and there is.
+                incoming?;
+                if let Some(slot) = self.slab.alloc(page_size) {
+                    self.used.fetch_add(bytes, Relaxed);
+                    return Some(slot);
+                }
+                if slot_evictions == SLOT_EVICTIONS {
+                    return None;
+                }
+                slot_evictions += 1;
             }
             let live = self.live_frames.load(Relaxed);
-            let Some(victim) = replacer.pick_victim(target, live) else {
-                return false;
-            };
+            let victim = replacer.pick_victim(target, live)?;
             let mut shard = self.shard(&victim.key).write();
             if shard
                 .frames
@@ -256,7 +281,8 @@ impl BufferPool {
     /// Changes the memory target; shrinking evicts at once.
     pub fn set_target(&self, bytes: u64, sink: &dyn EvictionSink) {
         self.target.store(bytes, Relaxed);
-        self.make_room(0, sink);
+        self.make_room(None, sink);
+        self.slab.set_limit(bytes + L1_SLAB_SLACK);
     }
 
     /// Drops every cached page of `file` (or of every file), without offering them to L2.
@@ -341,10 +367,21 @@ impl BufferPool {
         out
     }
 
+    /// The slab the frames' bytes live in.
+    pub fn slab(&self) -> &Slab {
+        &self.slab
+    }
+
     /// Checks the memory invariant and the page table against the accounting (tests).
     pub fn check_invariants(&self) {
         let frames = self.frames();
         let charged: u64 = frames.iter().map(|f| f.charge()).sum();
+        let data: u64 = frames.iter().map(|f| f.data.len() as u64).sum();
+        assert!(
+            self.slab.live_bytes() >= data,
+            "L1 frames hold {data} bytes, the slab only {} in use",
+            self.slab.live_bytes()
+        );
         assert_eq!(charged, self.used_bytes(), "L1 accounting drifted");
         assert!(
             charged <= self.target_bytes(),

@@ -1,0 +1,384 @@
+//! Where L1's page bytes live: one region of address space, reserved once, handed out in page-size
+//! slots. The region is cut into 64 KiB chunks (the largest page); a chunk serves one page size
+//! at a time (512 B .. 64 KiB, so several databases with different page sizes share it) and goes
+//! back to the common pool when its last slot is freed. At most `limit` chunks are in use, so the
+//! bytes L1 can make resident are bounded by the memory setting whatever the thread count, and a
+//! miss never calls malloc for its page (per-page mallocs from many threads left glibc's
+//! per-thread arenas holding freed frames: resident memory grew with the thread count).
+//!
+//! Chunks above the limit (after max server memory shrank) are returned to the OS as soon as
+//! they are empty; the lowest free chunk is always used first, so the touched part stays dense.
+
+use crate::config::{MAX_PAGE_SIZE, MIN_PAGE_SIZE};
+use crate::sync::{Mutex, Rank};
+use std::collections::BTreeSet;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Bytes of one chunk: the largest page.
+pub const CHUNK_BYTES: usize = MAX_PAGE_SIZE;
+/// Page size classes: 512 B << class, class 0..=7.
+const CLASSES: usize = (MAX_PAGE_SIZE / MIN_PAGE_SIZE).trailing_zeros() as usize + 1;
+const NO_CLASS: u8 = u8::MAX;
+
+/// The reserved address range. Pages are touched (made resident) only as slots are written.
+struct Region {
+    base: NonNull<u8>,
+    chunks: usize,
+}
+
+// SAFETY: the region is plain memory owned by the slab; which thread may touch which slot is
+// decided under the slab's lock (a slot has one owner between alloc and free).
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Reserves `chunks` chunks of address space (no memory is committed until touched).
+    fn reserve(chunks: usize) -> Option<Region> {
+        let len = chunks.checked_mul(CHUNK_BYTES)?;
+        // SAFETY: an anonymous private mapping at an address of the kernel's choosing; it aliases
+        // nothing. MAP_NORESERVE: the memory bound is ours to keep, not the kernel's swap's.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Region {
+            base: NonNull::new(ptr.cast())?,
+            chunks,
+        })
+    }
+
+    /// Returns chunk `chunk`'s memory to the OS; the next touch reads zeros.
+    fn release(&self, chunk: u32) {
+        // SAFETY: the chunk lies inside the mapping, and the caller holds no slot in it (it is
+        // free), so no live reference into it exists.
+        unsafe {
+            libc::madvise(
+                self.base.as_ptr().add(chunk as usize * CHUNK_BYTES).cast(),
+                CHUNK_BYTES,
+                libc::MADV_DONTNEED,
+            );
+        }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in reserve(), with its length; every slot holds an Arc to the
+        // slab, so none outlives it.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.chunks * CHUNK_BYTES) };
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Chunk {
+    class: u8,
+    live: u16,
+    /// Bit i set: slot i is free (only the first CHUNK_BYTES / page size bits are used).
+    free: u128,
+}
+
+struct State {
+    /// Chunks that may be in use at once (from the memory setting).
+    limit: u32,
+    /// One entry per chunk ever handed out (the region's touched prefix).
+    chunks: Vec<Chunk>,
+    /// Free chunks below `chunks.len()`, lowest first.
+    free_chunks: BTreeSet<u32>,
+    /// Per class, chunks with at least one free slot, lowest first.
+    partial: [BTreeSet<u32>; CLASSES],
+    live_chunks: u32,
+    live_bytes: u64,
+}
+
+pub struct SlabInner {
+    region: Region,
+    state: Mutex<State>,
+}
+
+/// The L1 page slab, shared by every frame (each slot keeps it alive).
+#[derive(Clone)]
+pub struct Slab(Arc<SlabInner>);
+
+/// One page's bytes in the slab, freed when dropped.
+pub struct Slot {
+    slab: Arc<SlabInner>,
+    chunk: u32,
+    index: u8,
+    class: u8,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a slot is the only handle to its bytes (see Slab::alloc), like a Box<[u8]>.
+unsafe impl Send for Slot {}
+// SAFETY: shared references only give out &[u8].
+unsafe impl Sync for Slot {}
+
+fn class_of(page_size: usize) -> u8 {
+    debug_assert!(
+        page_size.is_power_of_two() && (MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&page_size)
+    );
+    (page_size / MIN_PAGE_SIZE).trailing_zeros() as u8
+}
+
+fn slots_per_chunk(class: u8) -> usize {
+    CHUNK_BYTES / (MIN_PAGE_SIZE << class)
+}
+
+/// Chunks needed to hold `bytes`.
+pub fn chunks_for(bytes: u64) -> u32 {
+    bytes.div_ceil(CHUNK_BYTES as u64).min(u32::MAX as u64) as u32
+}
+
+impl Slab {
+    /// A slab that can grow to `reserve_bytes` and may use `limit_bytes` now. If the address
+    /// space cannot be reserved, retries with `limit_bytes` (growth past it then caches nothing
+    /// more, and says so).
+    pub fn new(reserve_bytes: u64, limit_bytes: u64) -> Slab {
+        let want = chunks_for(reserve_bytes.max(limit_bytes)) as usize;
+        let region = Region::reserve(want)
+            .or_else(|| {
+                log::warn!(
+                    "could not reserve {} MiB of address space for the buffer pool; reserving \
+                     {} MiB",
+                    (want * CHUNK_BYTES) >> 20,
+                    limit_bytes >> 20
+                );
+                Region::reserve(chunks_for(limit_bytes).max(1) as usize)
+            })
+            .expect("reserve address space for the buffer pool");
+        let limit = chunks_for(limit_bytes).min(region.chunks as u32);
+        Slab(Arc::new(SlabInner {
+            region,
+            state: Mutex::new(
+                Rank::Slab,
+                State {
+                    limit,
+                    chunks: Vec::new(),
+                    free_chunks: BTreeSet::new(),
+                    partial: Default::default(),
+                    live_chunks: 0,
+                    live_bytes: 0,
+                },
+            ),
+        }))
+    }
+
+    /// Changes how many bytes of chunks may be in use. Shrinking returns the free chunks above
+    /// the new limit to the OS at once, and the others as soon as their last slot is freed.
+    pub fn set_limit(&self, bytes: u64) {
+        let inner = &self.0;
+        let mut s = inner.state.lock();
+        s.limit = chunks_for(bytes).min(inner.region.chunks as u32);
+        let above: Vec<u32> = s.free_chunks.range(s.limit..).copied().collect();
+        drop(s);
+        for chunk in above {
+            inner.region.release(chunk);
+        }
+    }
+
+    /// A slot of `page_size` bytes (contents unspecified), or None when the limit is reached
+    /// and no chunk of this page size has a free slot.
+    pub fn alloc(&self, page_size: usize) -> Option<Slot> {
+        let inner = &self.0;
+        let class = class_of(page_size);
+        let mut s = inner.state.lock();
+        let chunk = match s.partial[class as usize].first().copied() {
+            Some(c) => c,
+            None => {
+                if s.live_chunks >= s.limit {
+                    return None;
+                }
+                let c = match s.free_chunks.first().copied().filter(|&c| c < s.limit) {
+                    Some(c) => {
+                        s.free_chunks.remove(&c);
+                        c
+                    }
+                    None if (s.chunks.len() as u32) < s.limit => {
+                        s.chunks.push(Chunk {
+                            class: NO_CLASS,
+                            live: 0,
+                            free: 0,
+                        });
+                        s.chunks.len() as u32 - 1
+                    }
+                    None => return None,
+                };
+                let n = slots_per_chunk(class);
+                s.chunks[c as usize] = Chunk {
+                    class,
+                    live: 0,
+                    free: if n == 128 {
+                        u128::MAX
+                    } else {
+                        (1u128 << n) - 1
+                    },
+                };
+                s.live_chunks += 1;
+                s.partial[class as usize].insert(c);
+                c
+            }
+        };
+        let meta = &mut s.chunks[chunk as usize];
+        let index = meta.free.trailing_zeros() as u8;
+        meta.free &= !(1u128 << index);
+        meta.live += 1;
+        if meta.free == 0 {
+            s.partial[class as usize].remove(&chunk);
+        }
+        s.live_bytes += page_size as u64;
+        drop(s);
+        let offset = chunk as usize * CHUNK_BYTES + index as usize * page_size;
+        // SAFETY: offset + page_size lies inside the region (chunk < region.chunks, the slot
+        // inside its chunk).
+        let ptr = unsafe { NonNull::new_unchecked(inner.region.base.as_ptr().add(offset)) };
+        Some(Slot {
+            slab: inner.clone(),
+            chunk,
+            index,
+            class,
+            ptr,
+            len: page_size,
+        })
+    }
+
+    /// Bytes of slots in use.
+    pub fn live_bytes(&self) -> u64 {
+        self.0.state.lock().live_bytes
+    }
+
+    /// Bytes of chunks in use (what L1's pages keep resident, whole chunks counted).
+    pub fn live_chunk_bytes(&self) -> u64 {
+        self.0.state.lock().live_chunks as u64 * CHUNK_BYTES as u64
+    }
+
+    /// Bytes of chunks that may be in use.
+    pub fn limit_bytes(&self) -> u64 {
+        self.0.state.lock().limit as u64 * CHUNK_BYTES as u64
+    }
+}
+
+impl SlabInner {
+    fn free(&self, chunk: u32, index: u8, class: u8) {
+        let mut s = self.state.lock();
+        let limit = s.limit;
+        let meta = &mut s.chunks[chunk as usize];
+        debug_assert_eq!(meta.class, class);
+        debug_assert_eq!(meta.free & (1u128 << index), 0, "slot freed twice");
+        let was_full = meta.free == 0;
+        meta.free |= 1u128 << index;
+        meta.live -= 1;
+        let empty = meta.live == 0;
+        s.live_bytes -= (MIN_PAGE_SIZE << class) as u64;
+        if empty {
+            s.chunks[chunk as usize].class = NO_CLASS;
+            s.partial[class as usize].remove(&chunk);
+            s.live_chunks -= 1;
+            s.free_chunks.insert(chunk);
+        } else if was_full {
+            s.partial[class as usize].insert(chunk);
+        }
+        drop(s);
+        if empty && chunk >= limit {
+            self.region.release(chunk);
+        }
+    }
+}
+
+impl Slot {
+    /// Fills the slot; it is then read-only (frames never change).
+    pub fn filled(mut self, data: &[u8]) -> Slot {
+        self.as_mut().copy_from_slice(data);
+        self
+    }
+
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the slot's bytes lie in the region (see alloc) and belong to this slot alone
+        // until it is dropped; &mut self excludes other references through it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::Deref for Slot {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: as in as_mut; only shared references exist while &self does. Never-written
+        // bytes of an anonymous mapping read as zeros, so they are initialized.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.slab.free(self.chunk, self.index, self.class);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_of_one_size_fill_chunks_before_taking_new_ones() {
+        let slab = Slab::new(1 << 20, 1 << 20);
+        let slots: Vec<Slot> = (0..32).map(|_| slab.alloc(4096).unwrap()).collect();
+        assert_eq!(slab.live_chunk_bytes(), 2 * CHUNK_BYTES as u64);
+        assert_eq!(slab.live_bytes(), 32 * 4096);
+        drop(slots);
+        assert_eq!(slab.live_chunk_bytes(), 0);
+        assert_eq!(slab.live_bytes(), 0);
+    }
+
+    #[test]
+    fn the_limit_refuses_slots_beyond_it_and_a_freed_chunk_serves_another_size() {
+        let slab = Slab::new(1 << 20, 2 * CHUNK_BYTES as u64);
+        let big: Vec<Slot> = (0..2).map(|_| slab.alloc(65536).unwrap()).collect();
+        assert!(slab.alloc(512).is_none(), "both chunks are taken");
+        drop(big);
+        let small = slab.alloc(512).unwrap();
+        assert_eq!(slab.live_chunk_bytes(), CHUNK_BYTES as u64);
+        drop(small);
+    }
+
+    #[test]
+    fn slots_keep_their_bytes_and_never_overlap() {
+        let slab = Slab::new(1 << 20, 1 << 20);
+        let slots: Vec<Slot> = (0..40u8)
+            .map(|i| {
+                slab.alloc(1024 << (i % 3))
+                    .unwrap()
+                    .filled(&vec![i; 1024 << (i % 3)])
+            })
+            .collect();
+        for (i, s) in slots.iter().enumerate() {
+            assert!(s.iter().all(|&b| b == i as u8), "slot {i} was overwritten");
+        }
+    }
+
+    #[test]
+    fn shrinking_keeps_live_slots_and_refuses_new_chunks_until_they_go() {
+        let slab = Slab::new(1 << 20, 4 * CHUNK_BYTES as u64);
+        let slots: Vec<Slot> = (0..4)
+            .map(|i| slab.alloc(65536).unwrap().filled(&[i; 65536]))
+            .collect();
+        slab.set_limit(CHUNK_BYTES as u64);
+        assert!(slab.alloc(65536).is_none());
+        assert!(
+            slots[3].iter().all(|&b| b == 3),
+            "live slots survive a shrink"
+        );
+        drop(slots);
+        assert!(slab.alloc(65536).is_some());
+    }
+}
