@@ -2,7 +2,7 @@
 //! (bpe_core::pool::BufferPool) driven through its public API; the others are textbook
 //! implementations kept here only as yardsticks.
 
-use bpe_core::pool::{BufferPool, EvictionSink, Frame, LoadSource, Lookup};
+use bpe_core::pool::{BufferPool, EvictionSink, Frame, LoadSource, Lookup, NewFrame};
 use bpe_core::PageKey;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -183,7 +183,15 @@ impl Policy for Ours {
                 true
             }
             Lookup::Load(ticket) => {
-                let frame = Frame::new(key, vec![0u8; self.page_size].into(), 0, 0, false, None);
+                let data = vec![0u8; self.page_size];
+                let frame = NewFrame {
+                    key,
+                    data: &data,
+                    now_ms: 0,
+                    read_micros: 0,
+                    prefetched: false,
+                    current_key: None,
+                };
                 self.pool
                     .finish_load(ticket, frame, LoadSource::DataFile, &NoSink);
                 false
