@@ -114,10 +114,11 @@ fn plan(filter: Option<&[String]>, emulated: bool) -> anyhow::Result<Vec<&'stati
 fn stock_peer(result: &str) -> Option<&'static str> {
     let name = result.rsplit_once("_pass").map_or(result, |(name, _)| name);
     let c = CONFIGS.iter().find(|c| c.name == name)?;
-    (!c.stock).then(|| match c.fits {
+    let peer = match c.fits {
         true => "stock_fits_in_memory_pass1",
         false => "stock_pass1",
-    })
+    };
+    (!c.stock).then_some(peer)
 }
 
 const QUICK_QUERIES: [u32; 5] = [1, 4, 5, 6, 12];
