@@ -16,9 +16,12 @@ pub enum Experiment {
     Lookup(LookupArgs),
     /// SELECT AVG(ActualCost) over a ~1 GB transaction history: cold, warm, 256 MB, extension.
     Scan(ScanArgs),
-    /// TPC-C-like OLTP: memory at 100 % and 25 % of the database, extension on and off.
+    /// TPC-C-like OLTP: memory at 100 % and 25 % of the database, extension on (2x or 0.5x the
+    /// database) and off, writers queued or left to SQLite's locking, and stock SQLite beside
+    /// them on a real device.
     Oltp(OltpArgs),
-    /// TPC-H's 22 queries at a scale exceeding memory, extension on and off.
+    /// TPC-H's 22 queries at a scale exceeding memory, extension on and off; on a real device
+    /// also stock SQLite, and both with the whole database in memory.
     Dw(DwArgs),
     /// The cost of a read transaction: autocommit point lookups against lookups in one
     /// transaction, rollback journal and WAL, bpe and stock SQLite, alone and beside a plain
@@ -155,6 +158,11 @@ pub struct OltpArgs {
     /// Items in the catalogue (the specification's 100,000; smaller with --quick).
     #[arg(long)]
     pub items: Option<u32>,
+    /// Memory limit in MB of the cgroup (v1 memory controller) each stock_* configuration runs
+    /// in: SQLite's page cache, the process and the OS page cache of the database and its WAL
+    /// together (default 3 x the configuration's memory).
+    #[arg(long, value_name = "MB")]
+    pub cgroup_mb: Option<u64>,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -171,6 +179,11 @@ pub struct DwArgs {
     /// Only these queries (comma-separated numbers 1-22).
     #[arg(long, value_delimiter = ',')]
     pub queries: Option<Vec<u32>>,
+    /// Memory limit in MB of the cgroup (v1 memory controller) each stock_* configuration runs
+    /// in: SQLite's page cache, the process and the OS page cache of the database together
+    /// (default 3 x the configuration's memory).
+    #[arg(long, value_name = "MB")]
+    pub cgroup_mb: Option<u64>,
 }
 
 /// Whether `--configs` asks for configuration `name` (all when it is absent).

@@ -13,6 +13,12 @@ use std::path::{Path, PathBuf};
 
 const ROOT: &str = "/sys/fs/cgroup/memory";
 
+/// A stock configuration's memory cgroup holds this many times its memory budget (the oltp and
+/// dw default, as lookup's): SQLite's page cache takes one, the process and the OS page cache
+/// of the database and its WAL share the rest. Generous to stock SQLite on purpose (its OS page
+/// cache alone may hold twice what bpe keeps in RAM), so that bpe's lead is not a starved rival.
+pub const STOCK_BUDGET_TIMES_MEMORY: u64 = 3;
+
 /// A memory limit for one configuration's process: a cgroup made for it (removed when
 /// dropped), or why there is none.
 pub struct MemLimit(Result<MemCgroup, String>);

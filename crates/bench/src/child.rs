@@ -252,3 +252,13 @@ pub fn start<T: DeserializeOwned>(
     }
     Ok((setup, run, conn))
 }
+
+/// Whether a benchmark runs configuration `name`: when `--configs` (`filter`) names it, or
+/// without `--configs` always, but stock SQLite's (`stock`) only on a real data device: the
+/// in-process emulation slows only bpe, so beside it stock SQLite would read a fast disk.
+pub fn runs_by_default(filter: Option<&[String]>, name: &str, stock: bool, emulated: bool) -> bool {
+    match filter {
+        Some(names) => names.iter().any(|n| n == name),
+        None => !(stock && emulated),
+    }
+}

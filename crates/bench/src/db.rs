@@ -71,11 +71,6 @@ impl Sqlite {
     }
 }
 
-/// Opens `path` for a benchmark run, through the bpe VFS, in WAL mode.
-pub fn open(path: &Path) -> anyhow::Result<Connection> {
-    open_with(path, Sqlite::Bpe, Journal::Wal)
-}
-
 /// Opens `path` for a benchmark run through `sqlite` in `journal` mode.
 pub fn open_with(path: &Path, sqlite: Sqlite, journal: Journal) -> anyhow::Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -230,4 +225,17 @@ impl Counters {
             engine: engine().is_some(),
         }
     }
+}
+
+/// Bytes this process has caused to be read from and written to storage so far (`read_bytes`
+/// and `write_bytes` of /proc/self/io): OS page cache misses, write-back and O_DIRECT I/O alike,
+/// the one count of device I/O that stock SQLite and bpe share.
+pub fn process_storage_bytes() -> Option<(u64, u64)> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        io.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    Some((field("read_bytes:")?, field("write_bytes:")?))
 }

@@ -220,3 +220,30 @@ impl ConfigResult {
         })
     }
 }
+
+/// Prints, for each configuration that ran in a memory cgroup (stock SQLite's), the group's
+/// limit and what it saw, or that it ran without one.
+pub fn print_memory_cgroups(r: &BenchReport) {
+    for c in &r.configs {
+        let g = &c.details["memory_cgroup"];
+        if g.is_null() {
+            continue;
+        }
+        match g["applied"].as_bool() {
+            Some(true) => println!(
+                "{}'s memory cgroup: limit {} MB, high-water {:.1} MB, limit hit {} times, at the end {:.1} MB page cache + {:.1} MB anonymous",
+                c.name,
+                g["limit_mb"],
+                g["max_usage_mb"].as_f64().unwrap_or(0.0),
+                g["failcnt"],
+                g["cache_mb"].as_f64().unwrap_or(0.0),
+                g["rss_mb"].as_f64().unwrap_or(0.0)
+            ),
+            _ => println!(
+                "{} ran WITHOUT a memory limit: {}",
+                c.name,
+                g["reason"].as_str().unwrap_or("unknown")
+            ),
+        }
+    }
+}

@@ -5,25 +5,37 @@
 //! Not a TPC-C result: no keying or think times (every terminal runs back to back, as HammerDB
 //! does), no response-time constraints, and the run is minutes, not hours.
 //!
-//! The terminals are threads of one process with a connection each. Their write transactions
-//! take turns in an in-process queue and a separate connection checkpoints the WAL, as a
-//! multi-threaded application on SQLite would arrange it; SQLite's own busy handler and
-//! autocheckpoint would make the run measure sleeps (see `drive`, `checkpoint_until`).
+//! The terminals are threads of one process with a connection each. In most configurations
+//! their write transactions take turns in an in-process queue and a separate connection
+//! checkpoints the WAL, as a multi-threaded application on SQLite would arrange it; SQLite's own
+//! busy handler and autocheckpoint would make the run measure sleeps (see `drive`,
+//! `checkpoint_until`). The `_no_queue` configurations measure exactly that: SQLite's locking
+//! alone, as an application that arranges nothing gets it ([`configs::Writers`]).
+//!
+//! Beside the bpe configurations, `stock_*` run stock SQLite with the same memory (its page
+//! cache, split over the terminals' connections) and its OS page cache held to a budget by a
+//! memory cgroup; they run by default on a real data device only ([`configs::plan`]).
 
+mod busy;
+mod configs;
 mod load;
 mod txn;
 
-use crate::args::selected;
 use crate::args::OltpArgs;
+use crate::cgroup;
 use crate::child::{start, Runner};
-use crate::db;
+use crate::db::{self, Sqlite};
 use crate::progress;
 use crate::reference::measure_reference;
-use crate::report::{print_configs, print_storage, ratio, BenchReport, ConfigResult};
+use crate::report::{
+    print_configs, print_memory_cgroups, print_storage, ratio, BenchReport, ConfigResult,
+};
 use crate::storage::{db_bytes, load_once, Storage};
+use configs::{OltpConfig, Writers, CONFIGS};
 use load::Rand;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -38,6 +50,7 @@ struct Mix {
     terminals: u32,
     seconds: u64,
     warmup_seconds: u64,
+    writers: Writers,
 }
 
 /// Runs the benchmark and prints its results; returns them.
@@ -46,7 +59,9 @@ pub fn run(a: &OltpArgs) -> anyhow::Result<BenchReport> {
     let warehouses = a.warehouses.unwrap_or(if c.quick { 1 } else { 10 });
     let seconds = a.seconds.unwrap_or(if c.quick { 4 } else { 120 });
     let items = a.items.unwrap_or(100_000);
+    anyhow::ensure!(a.terminals > 0, "--terminals must be at least 1");
     let storage = Storage::from_args(c, "oltp")?;
+    let plan = configs::plan(c.configs.as_deref(), storage.data_device.emulated)?;
     let base = storage
         .data_dir
         .join(format!("tpcc-w{warehouses}-i{items}.db"));
@@ -54,18 +69,17 @@ pub fn run(a: &OltpArgs) -> anyhow::Result<BenchReport> {
     let db_mb = (db_bytes(&base) >> 20).max(1);
     let reference = measure_reference(c, &storage)?;
     let mut report = BenchReport::new("oltp", storage.clone(), reference);
-    let small = (db_mb / 4).max(8);
-    let configs = [
-        // "100 %": the whole database fits, with room for what the run adds.
-        ("memory_100", db_mb * 5 / 4 + 16, false),
-        ("memory_25", small, false),
-        ("memory_25_bpe", small, true),
-    ];
-    let extension_mb = (db_mb * 2).max(small * 2).max(64);
+    let cgroup_mb = |memory_mb: u64| {
+        a.cgroup_mb
+            .unwrap_or(memory_mb * cgroup::STOCK_BUDGET_TIMES_MEMORY)
+    };
     report.parameters = json!({
         "warehouses": warehouses, "items": items, "terminals": a.terminals, "seconds": seconds,
-        "database_mb": db_mb, "extension_mb": extension_mb,
-        "memory_mb": configs.iter().map(|c| (c.0, c.1)).collect::<std::collections::BTreeMap<_, _>>(),
+        "database_mb": db_mb,
+        "memory_mb": plan.iter().map(|c| (c.name, c.memory_mb(db_mb))).collect::<BTreeMap<_, _>>(),
+        "extension_mb": plan.iter().filter_map(|c| Some((c.name, c.extension_mb(db_mb)?))).collect::<BTreeMap<_, _>>(),
+        "stock_cgroup_mb": plan.iter().filter(|c| c.stock).map(|c| (c.name, cgroup_mb(c.memory_mb(db_mb)))).collect::<BTreeMap<_, _>>(),
+        "writers": plan.iter().map(|c| (c.name, c.writers)).collect::<BTreeMap<_, _>>(),
         "pager_cache_kib": db::PAGER_CACHE_KIB, "quick": c.quick,
     });
     print_storage(&storage, report.reference.as_ref());
@@ -79,53 +93,83 @@ pub fn run(a: &OltpArgs) -> anyhow::Result<BenchReport> {
         storage: &storage,
         sample_ms: c.sample_ms,
     };
-    for (name, memory_mb, ext) in configs {
-        if !selected(c.configs.as_deref(), name) {
-            continue;
-        }
-        let description = format!(
-            "{memory_mb} MB ({:.0} % of the database){}",
-            memory_mb as f64 * 100.0 / db_mb as f64,
-            if ext {
-                format!(" + {extension_mb} MB extension")
-            } else {
-                String::new()
-            }
-        );
+    for config in plan {
+        let memory_mb = config.memory_mb(db_mb);
+        let extension_mb = config.extension_mb(db_mb);
         copy_db(&base, &run_db)?;
-        let setup = runner.setup(name, description, &run_db, ext.then_some(extension_mb));
+        let description = describe(config, memory_mb, db_mb, extension_mb, a.terminals);
+        let setup = runner.setup(config.name, description, &run_db, extension_mb);
         let mix = Mix {
             warehouses,
             items,
             terminals: a.terminals,
             seconds,
             warmup_seconds: (seconds / 6).max(2),
+            writers: config.writers,
         };
-        report
-            .configs
-            .extend(runner.run(setup, mix, memory_mb, true)?);
+        let results = match config.stock {
+            true => runner.run_stock(setup, mix, memory_mb, cgroup_mb(memory_mb))?,
+            false => runner.run(setup, mix, memory_mb, true)?,
+        };
+        report.configs.extend(results);
     }
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", run_db.display()));
     }
-    let tpm = |n: &str| {
-        report
-            .config(n)
-            .map(|c| c.operations as f64 * 60.0 / c.seconds)
-    };
-    report.summary = json!({
-        "tpm": report.configs.iter().map(|c| (c.name.clone(), c.operations as f64 * 60.0 / c.seconds)).collect::<std::collections::BTreeMap<_, _>>(),
-        "bpe_over_no_bpe_at_25": match (tpm("memory_25_bpe"), tpm("memory_25")) {
-            (Some(a), Some(b)) => json!(ratio(a, b)),
-            _ => serde_json::Value::Null,
-        },
-        "memory_100_over_bpe": match (tpm("memory_100"), tpm("memory_25_bpe")) {
-            (Some(a), Some(b)) => json!(ratio(a, b)),
-            _ => serde_json::Value::Null,
-        },
-    });
+    report.summary = summarize(&report);
     print_results(&report);
     Ok(report)
+}
+
+/// What a configuration runs, for its row in the results.
+fn describe(
+    c: &OltpConfig,
+    memory_mb: u64,
+    db_mb: u64,
+    extension_mb: Option<u64>,
+    terminals: u32,
+) -> String {
+    let share = memory_mb as f64 * 100.0 / db_mb as f64;
+    let mut d = match c.stock {
+        true => format!(
+            "stock SQLite: {memory_mb} MB page cache ({share:.0} % of the database) split over {terminals} terminals, OS page cache {{os_cache}}"
+        ),
+        false => format!("{memory_mb} MB ({share:.0} % of the database)"),
+    };
+    if let Some(mb) = extension_mb {
+        d += &format!(
+            " + {mb} MB extension ({:.1}x the database)",
+            mb as f64 / db_mb as f64
+        );
+    }
+    if c.writers == Writers::Sqlite {
+        d += "; writers: SQLite's locking (no queue)";
+    }
+    d
+}
+
+/// Throughput per configuration, and each bpe configuration's against its stock peer's and
+/// the extension's gains.
+fn summarize(r: &BenchReport) -> serde_json::Value {
+    let tpm = |n: &str| r.config(n).map(|c| c.operations as f64 * 60.0 / c.seconds);
+    let over = |a: &str, b: &str| match (tpm(a), tpm(b)) {
+        (Some(a), Some(b)) => json!(ratio(a, b)),
+        _ => serde_json::Value::Null,
+    };
+    let over_stock: BTreeMap<&str, serde_json::Value> = CONFIGS
+        .iter()
+        .filter_map(|c| Some((c.name, over(c.name, c.stock_peer()?.name))))
+        .filter(|(_, v)| !v.is_null())
+        .collect();
+    json!({
+        "tpm": r.configs.iter().map(|c| (c.name.clone(), c.operations as f64 * 60.0 / c.seconds)).collect::<BTreeMap<_, _>>(),
+        "bpe_over_no_bpe_at_25": over("memory_25_bpe", "memory_25"),
+        "memory_100_over_bpe": over("memory_100", "memory_25_bpe"),
+        "ext_half_over_ext_double": over("memory_25_bpe_ext_half", "memory_25_bpe"),
+        "queue_over_no_queue_bpe": over("memory_25_bpe", "memory_25_bpe_no_queue"),
+        "queue_over_no_queue_stock": over("stock_memory_25", "stock_memory_25_no_queue"),
+        "over_stock": over_stock,
+    })
 }
 
 fn load(path: &Path, warehouses: u32, items: u32, reload: bool) -> anyhow::Result<()> {
@@ -156,7 +200,19 @@ pub fn warm(conn: &rusqlite::Connection) -> anyhow::Result<()> {
         let sql = if kind == "index" {
             format!("SELECT count(*) FROM \"{table}\" INDEXED BY \"{name}\"")
         } else {
-            format!("SELECT count(*) FROM (SELECT * FROM \"{name}\")")
+            // Every column in the expression, so that no covering index can answer instead of
+            // the table (a plain count(*) reads the smallest index, and a WITHOUT ROWID table
+            // is not read at all).
+            let columns: Vec<String> = conn
+                .prepare(&format!("PRAGMA table_info(\"{name}\")"))?
+                .query_map([], |r| r.get(1))?
+                .collect::<Result<_, _>>()?;
+            let row = columns
+                .iter()
+                .map(|c| format!("quote(\"{c}\")"))
+                .collect::<Vec<_>>()
+                .join(" || ");
+            format!("SELECT count(*) FROM \"{name}\" WHERE length({row}) > 0")
         };
         let _: i64 = conn.query_row(&sql, [], |r| r.get(0))?;
     }
@@ -172,17 +228,25 @@ struct Tally {
 
 pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<ConfigResult>> {
     let (setup, cfg, conn) = start::<Mix>(config)?;
+    let sqlite = per_connection(setup.sqlite, cfg.terminals);
+    if let Sqlite::Stock { cache_kib } = sqlite {
+        conn.execute_batch(&format!("PRAGMA cache_size = -{cache_kib};"))?;
+    }
     let sp = progress::spinner("warm");
     sp.set_message("reading every table and index");
     warm(&conn)?;
     db::wait_for_extension_writes();
     sp.finish_and_clear();
+    let queue = cfg.writers == Writers::Queue;
     let writers = Mutex::new(());
     let mut terminals: Vec<Terminal> = (0..cfg.terminals)
         .map(|t| {
-            let conn = db::open(&setup.db)?;
-            // The checkpointer below does it, outside the writers' queue.
-            conn.execute_batch("PRAGMA wal_autocheckpoint = 0;")?;
+            let conn = db::open_with(&setup.db, sqlite, setup.journal)?;
+            busy::install(&conn)?;
+            if queue {
+                // The checkpointer below does it, outside the writers' queue.
+                conn.execute_batch("PRAGMA wal_autocheckpoint = 0;")?;
+            }
             Ok(Terminal {
                 conn,
                 r: Rand::new(1000 + t as u64),
@@ -193,20 +257,34 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
             })
         })
         .collect::<anyhow::Result<_>>()?;
+    let checkpointer = match queue {
+        true => Some(db::open_with(&setup.db, sqlite, setup.journal)?),
+        false => None,
+    };
     let mut run = Run {
         terminals: &mut terminals,
-        checkpointer: db::open(&setup.db)?,
-        writers: &writers,
+        checkpointer,
+        writers: queue.then_some(&writers),
     };
     // Warm-up: the mix runs untimed first (the published runs discarded their first pass too).
     let tally = Tally::default();
     let none = AtomicU64::new(0);
     drive(&mut run, cfg.warmup_seconds, &tally, &none, "warm-up")?;
     let tally = Tally::default();
+    let (waits_before, slept_before) = busy::counts();
+    let io_before = db::process_storage_bytes();
     let mut result = ConfigResult::measure(&setup.name, &setup.description, sample_ms, |ops| {
         drive(&mut run, cfg.seconds, &tally, ops, &setup.name)?;
         Ok(json!({}))
     })?;
+    let (waits, slept) = busy::counts();
+    let io = match (io_before, db::process_storage_bytes()) {
+        (Some(a), Some(b)) => json!({
+            "read_bytes": b.0.saturating_sub(a.0),
+            "write_bytes": b.1.saturating_sub(a.1),
+        }),
+        _ => serde_json::Value::Null,
+    };
     let checks = txn::check(&conn)?;
     let per_kind: serde_json::Map<String, serde_json::Value> = KINDS
         .iter()
@@ -223,6 +301,11 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         "committed": per_kind,
         "rolled_back": tally.rolled_back.load(Relaxed),
         "busy_retries": tally.busy.load(Relaxed),
+        "busy_waits": waits - waits_before,
+        "busy_sleep_ms": slept - slept_before,
+        "writers": cfg.writers,
+        "vfs": setup.sqlite.vfs(),
+        "storage_io": io,
         "tpm": result.operations as f64 * 60.0 / result.seconds,
         "tpmC": new_orders * 60.0 / result.seconds,
         "consistency": checks.iter().map(|(n, ok, what)| json!({"condition": n, "passed": ok, "detail": what})).collect::<Vec<_>>(),
@@ -234,12 +317,25 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
     Ok(vec![result])
 }
 
-/// The terminals, the queue their write transactions take turns in, and a connection that
-/// checkpoints the WAL in the background while they run.
+/// Each connection's SQLite: stock SQLite's page cache budget is the process's, split evenly
+/// over the terminals (the first connection, which warms and checks, gets a share too); bpe's
+/// connections share its pool, their own caches stay small.
+fn per_connection(sqlite: Sqlite, terminals: u32) -> Sqlite {
+    match sqlite {
+        Sqlite::Stock { cache_kib } => Sqlite::Stock {
+            cache_kib: (cache_kib / terminals.max(1) as u64).max(1),
+        },
+        bpe => bpe,
+    }
+}
+
+/// The terminals, and with the writers' queue, the queue their write transactions take turns
+/// in and a connection that checkpoints the WAL in the background while they run (without it,
+/// SQLite's autocheckpoint does in the committing terminal).
 struct Run<'a> {
     terminals: &'a mut [Terminal],
-    checkpointer: rusqlite::Connection,
-    writers: &'a Mutex<()>,
+    checkpointer: Option<rusqlite::Connection>,
+    writers: Option<&'a Mutex<()>>,
 }
 
 /// WAL frames after which the checkpointer stops the writers to restart the WAL, so that it
@@ -288,25 +384,29 @@ fn drive(
             checkpointer,
             writers,
         } = run;
-        let writers: &Mutex<()> = writers;
+        let writers: Option<&Mutex<()>> = *writers;
         let stop_ref = &stop;
-        let checkpointer =
-            s.spawn(move || checkpoint_until(checkpointer, writers, stop_ref, deadline));
+        let checkpointer = checkpointer.as_mut().zip(writers).map(|(conn, writers)| {
+            s.spawn(move || checkpoint_until(conn, writers, stop_ref, deadline))
+        });
         let workers: Vec<_> = terminals
             .iter_mut()
             .map(|t| {
                 let stop = &stop;
                 s.spawn(move || -> anyhow::Result<()> {
+                    // A transaction that failed with SQLITE_BUSY, to run again.
+                    let mut retry = None;
                     while !stop.load(Relaxed) && Instant::now() < deadline {
-                        let kind = Kind::pick(&mut t.r);
+                        let kind = retry.take().unwrap_or_else(|| Kind::pick(&mut t.r));
                         // SQLite has one write lock per database and no queue for it: a writer
                         // that finds it taken sleeps in the busy handler for 1, 2, 5, 10 ... ms
                         // while the lock sits idle, a quantum longer than a whole transaction
-                        // here. Writers take turns here instead, as a multi-threaded
-                        // application would; the busy timeout stays for anything else.
-                        let turn = kind
-                            .writes()
-                            .then(|| writers.lock().unwrap_or_else(|e| e.into_inner()));
+                        // here. With the queue, writers take turns here instead, as a
+                        // multi-threaded application would; the busy handler stays for
+                        // anything else.
+                        let turn = writers
+                            .filter(|_| kind.writes())
+                            .map(|w| w.lock().unwrap_or_else(|e| e.into_inner()));
                         let outcome = t.run(kind);
                         drop(turn);
                         match outcome {
@@ -321,6 +421,7 @@ fn drive(
                             }
                             Err(e) if is_busy(&e) => {
                                 tally.busy.fetch_add(1, Relaxed);
+                                retry = Some(kind);
                             }
                             Err(e) => {
                                 stop.store(true, Relaxed);
@@ -348,9 +449,10 @@ fn drive(
             })
             .collect::<anyhow::Result<Vec<()>>>();
         stop.store(true, Relaxed);
-        let checkpointed = checkpointer
-            .join()
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("checkpointer panicked")));
+        let checkpointed = checkpointer.map_or(Ok(()), |c| {
+            c.join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("checkpointer panicked")))
+        });
         done.and(checkpointed)
     })?;
     Ok(())
@@ -367,24 +469,45 @@ fn is_busy(e: &anyhow::Error) -> bool {
 fn print_results(r: &BenchReport) {
     let headers = [
         "config",
-        "memory",
+        "description",
         "tpm",
         "tpmC",
+        "tpm / stock's",
         "L1 hit %",
-        "page reads/s",
+        "data reads/s",
         "ext reads/s",
         "ext writes/s",
+        "storage reads/s",
+        "busy waits",
+        "busy retries",
         "consistency",
     ];
+    let tpm = |c: &ConfigResult| c.details["tpm"].as_f64().unwrap_or(0.0);
     print_configs(r, &headers, |c| {
         let k = &c.counters;
+        // Stock SQLite has no engine to count pages.
+        let engine = |v: f64, digits: usize| match k.engine {
+            true => format!("{v:.digits$}"),
+            false => "-".into(),
+        };
+        let per_s = |n: u64| n as f64 / c.seconds;
+        let peer = CONFIGS
+            .iter()
+            .find(|x| x.name == c.name)
+            .and_then(|x| r.config(x.stock_peer()?.name));
         vec![
-            format!("{:.0}", c.details["tpm"].as_f64().unwrap_or(0.0)),
+            format!("{:.0}", tpm(c)),
             format!("{:.0}", c.details["tpmC"].as_f64().unwrap_or(0.0)),
-            format!("{:.1}", k.hit_ratio_percent),
-            format!("{:.0}", k.page_reads as f64 / c.seconds),
-            format!("{:.0}", k.ext_page_reads as f64 / c.seconds),
-            format!("{:.0}", k.ext_page_writes as f64 / c.seconds),
+            peer.map_or("-".into(), |p| format!("{:.2}x", ratio(tpm(c), tpm(p)))),
+            engine(k.hit_ratio_percent, 1),
+            engine(per_s(k.page_reads), 0),
+            engine(per_s(k.ext_page_reads), 0),
+            engine(per_s(k.ext_page_writes), 0),
+            c.details["storage_io"]["read_bytes"]
+                .as_u64()
+                .map_or("-".into(), |b| format!("{:.0}", per_s(b / 4096))),
+            c.details["busy_waits"].to_string(),
+            c.details["busy_retries"].to_string(),
             c.details["consistency"].as_array().map_or("-".into(), |a| {
                 if a.iter().all(|x| x["passed"] == true) {
                     "1-4 passed".into()
@@ -394,12 +517,33 @@ fn print_results(r: &BenchReport) {
             }),
         ]
     });
-    if let Some(x) = r.summary["bpe_over_no_bpe_at_25"].as_f64() {
+    println!("(storage reads/s: 4 KiB reads from storage, /proc/self/io; \"tpm / stock's\": against stock SQLite with the same memory and writers)");
+    let s = &r.summary;
+    let show = |key: &str, label: &str| {
+        if let Some(x) = s[key].as_f64() {
+            println!("{label}: {x:.2}x");
+        }
+    };
+    if let Some(x) = s["bpe_over_no_bpe_at_25"].as_f64() {
         println!(
             "\nat 25 % memory, extension on / off: {x:.2}x (SQL Server, HammerDB TPC-C: 1.42x)"
         );
     }
-    if let Some(x) = r.summary["memory_100_over_bpe"].as_f64() {
-        println!("100 % memory / 25 % memory + extension: {x:.2}x");
-    }
+    show(
+        "memory_100_over_bpe",
+        "100 % memory / 25 % memory + extension",
+    );
+    show(
+        "ext_half_over_ext_double",
+        "extension of 0.5x / 2x the database, at 25 % memory",
+    );
+    show(
+        "queue_over_no_queue_bpe",
+        "bpe at 25 % + extension, writers' queue / SQLite's locking",
+    );
+    show(
+        "queue_over_no_queue_stock",
+        "stock SQLite at 25 %, writers' queue / SQLite's locking",
+    );
+    print_memory_cgroups(r);
 }

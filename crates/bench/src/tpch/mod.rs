@@ -4,18 +4,25 @@
 //! what the warm tiers give. Without it one pass is enough: memory holds a quarter of the data,
 //! so a second pass re-reads nearly all of it and takes as long (4:18 both at SF 0.02), and it is
 //! the slow half of the benchmark. Elapsed time per query and in total.
+//!
+//! Beside them, on a real data device (or when `--configs` names them): `stock`, stock SQLite
+//! with the same memory (its page cache, the OS page cache held to a budget by a memory cgroup),
+//! one pass as `no_extension`; and the fits-in-memory pair, `fits_in_memory` (bpe) and
+//! `stock_fits_in_memory`, with memory above the database, warmed by reading every table and
+//! index, then one pass: what the VFS and O_DIRECT cost when nothing waits on the device.
 
 mod load;
 mod queries;
 
-use crate::args::selected;
 use crate::args::DwArgs;
-use crate::child::{start, Runner};
+use crate::cgroup;
+use crate::child::{runs_by_default, start, Runner};
 use crate::db;
 use crate::progress;
 use crate::reference::measure_reference;
 use crate::report::{
-    fmt_duration, print_storage, print_table_left, ratio, BenchReport, ConfigResult,
+    fmt_duration, print_memory_cgroups, print_storage, print_table_left, ratio, BenchReport,
+    ConfigResult,
 };
 use crate::storage::{db_bytes, load_once, Storage};
 use serde::{Deserialize, Serialize};
@@ -30,6 +37,88 @@ struct Passes {
     scale: f64,
     queries: Vec<u32>,
     passes: u32,
+    /// Read every table and index before the timed passes.
+    warm: bool,
+}
+
+/// A dw configuration: its name, memory enough for the database or the percentage asked, an
+/// extension, stock SQLite, and passes.
+#[derive(Debug)]
+struct DwConfig {
+    name: &'static str,
+    fits: bool,
+    extension: bool,
+    stock: bool,
+    passes: u32,
+}
+
+const CONFIGS: [DwConfig; 5] = [
+    DwConfig {
+        name: "no_extension",
+        fits: false,
+        extension: false,
+        stock: false,
+        passes: 1,
+    },
+    DwConfig {
+        name: "extension",
+        fits: false,
+        extension: true,
+        stock: false,
+        passes: 2,
+    },
+    DwConfig {
+        name: "stock",
+        fits: false,
+        extension: false,
+        stock: true,
+        passes: 1,
+    },
+    DwConfig {
+        name: "fits_in_memory",
+        fits: true,
+        extension: false,
+        stock: false,
+        passes: 1,
+    },
+    DwConfig {
+        name: "stock_fits_in_memory",
+        fits: true,
+        extension: false,
+        stock: true,
+        passes: 1,
+    },
+];
+
+/// The configurations to run: those `--configs` names (an unknown name is an error), or without
+/// it every one, on an emulated data device only bpe's with limited memory (stock SQLite would
+/// read a fast disk beside bpe's emulated one; the fits-in-memory pair is stock's comparison).
+fn plan(filter: Option<&[String]>, emulated: bool) -> anyhow::Result<Vec<&'static DwConfig>> {
+    if let Some(unknown) = filter
+        .unwrap_or_default()
+        .iter()
+        .find(|n| !CONFIGS.iter().any(|c| c.name == n.as_str()))
+    {
+        anyhow::bail!(
+            "dw has no configuration {unknown:?}; it has {}",
+            CONFIGS.map(|c| c.name).join(", ")
+        );
+    }
+    Ok(CONFIGS
+        .iter()
+        .filter(|c| runs_by_default(filter, c.name, c.stock || c.fits, emulated))
+        .collect())
+}
+
+/// The stock result a bpe result (`<configuration>_pass<n>`) is compared with.
+fn stock_peer(result: &str) -> Option<&'static str> {
+    let name = result.rsplit_once("_pass").map_or(result, |(name, _)| name);
+    let c = CONFIGS.iter().find(|c| c.name == name)?;
+    let peer = match c.fits {
+        true => "stock_fits_in_memory_pass1",
+        false => "stock_pass1",
+    };
+    (!c.stock).then_some(peer)
 }
 
 const QUICK_QUERIES: [u32; 5] = [1, 4, 5, 6, 12];
@@ -56,16 +145,24 @@ pub fn run(a: &DwArgs) -> anyhow::Result<BenchReport> {
         "TPC-H queries are numbered 1 to 22"
     );
     let storage = Storage::from_args(c, "dw")?;
+    let plan = plan(c.configs.as_deref(), storage.data_device.emulated)?;
     let db_path = storage.data_dir.join(format!("tpch-sf{scale}.db"));
     load(&db_path, scale, c.reload)?;
     let db_mb = (db_bytes(&db_path) >> 20).max(1);
     let memory_mb = (db_mb * a.memory_percent / 100).max(8);
     let extension_mb = (db_mb * 2).max(memory_mb * 2).max(64);
+    let fits_mb = db_mb * 5 / 4 + 16;
+    let cgroup_mb = |memory_mb: u64| {
+        a.cgroup_mb
+            .unwrap_or(memory_mb * cgroup::STOCK_BUDGET_TIMES_MEMORY)
+    };
     let reference = measure_reference(c, &storage)?;
     let mut report = BenchReport::new("dw", storage.clone(), reference);
     report.parameters = json!({
         "scale_factor": scale, "database_mb": db_mb, "memory_mb": memory_mb,
         "memory_percent": a.memory_percent, "extension_mb": extension_mb, "queries": queries,
+        "fits_in_memory_mb": fits_mb, "stock_cgroup_mb": cgroup_mb(memory_mb),
+        "stock_fits_in_memory_cgroup_mb": cgroup_mb(fits_mb),
         "pager_cache_kib": db::PAGER_CACHE_KIB, "quick": c.quick,
     });
     print_storage(&storage, report.reference.as_ref());
@@ -79,24 +176,37 @@ pub fn run(a: &DwArgs) -> anyhow::Result<BenchReport> {
         storage: &storage,
         sample_ms: c.sample_ms,
     };
-    for (name, ext) in [("no_extension", false), ("extension", true)] {
-        if !selected(c.configs.as_deref(), name) {
-            continue;
-        }
-        let description = if ext {
-            format!("{memory_mb} MB + {extension_mb} MB extension")
-        } else {
-            format!("{memory_mb} MB, no extension")
+    for config in plan {
+        let memory_mb = match config.fits {
+            true => fits_mb,
+            false => memory_mb,
         };
-        let setup = runner.setup(name, description, &db_path, ext.then_some(extension_mb));
+        let mut description = match config.stock {
+            true => format!("stock SQLite: {memory_mb} MB page cache, OS page cache {{os_cache}}"),
+            false => format!("{memory_mb} MB"),
+        };
+        description += &match (config.extension, config.fits) {
+            (true, _) => format!(" + {extension_mb} MB extension"),
+            (false, true) => ", the whole database, warmed".into(),
+            (false, false) => ", no extension".into(),
+        };
+        let setup = runner.setup(
+            config.name,
+            description,
+            &db_path,
+            config.extension.then_some(extension_mb),
+        );
         let passes = Passes {
             scale,
             queries: queries.clone(),
-            passes: if ext { 2 } else { 1 },
+            passes: config.passes,
+            warm: config.fits,
         };
-        report
-            .configs
-            .extend(runner.run(setup, passes, memory_mb, true)?);
+        let results = match config.stock {
+            true => runner.run_stock(setup, passes, memory_mb, cgroup_mb(memory_mb))?,
+            false => runner.run(setup, passes, memory_mb, true)?,
+        };
+        report.configs.extend(results);
     }
     let total = |n: &str| report.config(n).map(|c| c.seconds);
     // Both extension passes against the one pass without it.
@@ -108,9 +218,17 @@ pub fn run(a: &DwArgs) -> anyhow::Result<BenchReport> {
         _ => serde_json::Value::Null,
     };
     let answers = (scale == 1.0).then(|| check_answers(&report, &queries));
+    let over = |a: &str, b: &str| match (total(a), total(b)) {
+        (Some(a), Some(b)) => json!(ratio(a, b)),
+        _ => serde_json::Value::Null,
+    };
     report.summary = json!({
         "off_over_on_pass1": gain(1),
         "off_over_on_pass2": gain(2),
+        "stock_over_no_extension": over("stock_pass1", "no_extension_pass1"),
+        "stock_over_extension_pass1": over("stock_pass1", "extension_pass1"),
+        "stock_over_extension_pass2": over("stock_pass1", "extension_pass2"),
+        "fits_in_memory_bpe_over_stock": over("fits_in_memory_pass1", "stock_fits_in_memory_pass1"),
         "answers_differing_at_sf1": answers,
     });
     print_results(&report, &queries);
@@ -127,6 +245,13 @@ fn load(path: &Path, scale: f64, reload: bool) -> anyhow::Result<()> {
 
 pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<ConfigResult>> {
     let (setup, cfg, conn) = start::<Passes>(config)?;
+    if cfg.warm {
+        let sp = progress::spinner("warm");
+        sp.set_message("reading every table and index");
+        crate::tpcc::warm(&conn)?;
+        db::wait_for_extension_writes();
+        sp.finish_and_clear();
+    }
     let mut out = Vec::new();
     for pass in 1..=cfg.passes {
         if pass > 1 {
@@ -135,6 +260,7 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         let name = format!("{}_pass{pass}", setup.name);
         let pb = progress::bar(cfg.queries.len() as u64, &name);
         let mut per_query = serde_json::Map::new();
+        let io_before = db::process_storage_bytes();
         let r = ConfigResult::measure(&name, &setup.description, sample_ms, |ops| {
             for &q in &cfg.queries {
                 pb.set_message(format!("Q{q}"));
@@ -161,7 +287,16 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         })?;
         pb.finish_and_clear();
         let mut r = r;
-        r.details = json!({ "queries": per_query, "pass": pass });
+        let io = match (io_before, db::process_storage_bytes()) {
+            (Some(a), Some(b)) => json!({
+                "read_bytes": b.0.saturating_sub(a.0),
+                "write_bytes": b.1.saturating_sub(a.1),
+            }),
+            _ => serde_json::Value::Null,
+        };
+        r.details = json!({
+            "queries": per_query, "pass": pass, "storage_io": io, "vfs": setup.sqlite.vfs(),
+        });
         out.push(r);
     }
     Ok(out)
@@ -240,13 +375,29 @@ fn print_results(r: &BenchReport, queries: &[u32]) {
     let mut total = vec!["total".to_string()];
     total.extend(r.configs.iter().map(|c| fmt_duration(c.seconds)));
     rows.push(total);
+    let mut vs_stock = vec!["total / stock's".to_string()];
+    vs_stock.extend(r.configs.iter().map(|c| {
+        stock_peer(&c.name)
+            .and_then(|p| r.config(p))
+            .map_or("-".into(), |p| {
+                format!("{:.2}x", ratio(c.seconds, p.seconds))
+            })
+    }));
+    rows.push(vs_stock);
     let mut hits = vec!["L1 hit %".to_string()];
-    hits.extend(
-        r.configs
-            .iter()
-            .map(|c| format!("{:.1}", c.counters.hit_ratio_percent)),
-    );
+    // Stock SQLite has no engine to count pages.
+    hits.extend(r.configs.iter().map(|c| match c.counters.engine {
+        true => format!("{:.1}", c.counters.hit_ratio_percent),
+        false => "-".into(),
+    }));
     rows.push(hits);
+    let mut reads = vec!["storage reads (4 KiB)".to_string()];
+    reads.extend(r.configs.iter().map(|c| {
+        c.details["storage_io"]["read_bytes"]
+            .as_u64()
+            .map_or("-".into(), |b| (b / 4096).to_string())
+    }));
+    rows.push(reads);
     let mut served = vec!["ext share of misses".to_string()];
     served.extend(r.configs.iter().map(|c| {
         let k = &c.counters;
@@ -276,5 +427,65 @@ fn print_results(r: &BenchReport, queries: &[u32]) {
                 "extension pass {p}: elapsed without / with extension = {x:.2}x (SQL Server on AWS: 1.17x, i.e. 16.8 % faster)"
             );
         }
+    }
+    let show = |key: &str, label: &str| {
+        if let Some(x) = r.summary[key].as_f64() {
+            println!("{label}: {x:.2}x");
+        }
+    };
+    show(
+        "stock_over_no_extension",
+        "stock SQLite / bpe without extension, same memory",
+    );
+    show(
+        "stock_over_extension_pass1",
+        "stock SQLite / bpe with extension, pass 1",
+    );
+    show(
+        "stock_over_extension_pass2",
+        "stock SQLite / bpe with extension, pass 2",
+    );
+    show(
+        "fits_in_memory_bpe_over_stock",
+        "whole database in memory, bpe / stock SQLite (goal: at most 1.1x)",
+    );
+    print_memory_cgroups(r);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(filter: Option<&[String]>, emulated: bool) -> Vec<&'static str> {
+        plan(filter, emulated)
+            .unwrap()
+            .iter()
+            .map(|c| c.name)
+            .collect()
+    }
+
+    #[test]
+    fn emulated_runs_bpe_with_limited_memory_only() {
+        assert_eq!(names(None, true), ["no_extension", "extension"]);
+        assert_eq!(names(None, false).len(), CONFIGS.len());
+    }
+
+    #[test]
+    fn named_configurations_run_and_unknown_ones_are_errors() {
+        let f = ["stock".to_string()];
+        assert_eq!(names(Some(&f), true), ["stock"]);
+        let e = plan(Some(&["stok".to_string()]), true).unwrap_err();
+        assert!(e.to_string().contains("\"stok\""), "{e}");
+    }
+
+    #[test]
+    fn results_are_compared_with_stock_at_the_same_memory() {
+        assert_eq!(stock_peer("extension_pass2"), Some("stock_pass1"));
+        assert_eq!(stock_peer("no_extension_pass1"), Some("stock_pass1"));
+        assert_eq!(
+            stock_peer("fits_in_memory_pass1"),
+            Some("stock_fits_in_memory_pass1")
+        );
+        assert_eq!(stock_peer("stock_pass1"), None);
     }
 }
