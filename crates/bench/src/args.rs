@@ -41,11 +41,17 @@ pub struct PlotArgs {
 pub struct CommonArgs {
     /// Data device: `emulated:hdd` (8 ms, 150 IOPS), `emulated:san` (1 ms), `emulated:gp3`
     /// (1 ms, 3000 IOPS), `emulated:ssd` (none), `emulated:2ms`, `emulated:500us`,
-    /// `emulated:8ms:150` (latency, optional IOPS cap), or `real` (no emulation: whatever
-    /// device --data-dir is on). Default: emulated:hdd (autocommit: emulated:2ms), or real
-    /// when --data-dir is given.
+    /// `emulated:8ms:150` (latency, optional IOPS cap), `real` (no emulation: whatever
+    /// device --data-dir is on), or a kernel-throttled slow volume the benchmark makes, uses and
+    /// removes (needs root, loop devices and cgroup v1 blkio): `slowvol:hdd` (150 read IOPS),
+    /// `slowvol:gp3` (3000), `slowvol:<IOPS>`. Default: emulated:hdd (autocommit:
+    /// emulated:2ms), or real when --data-dir is given.
     #[arg(long, value_name = "DEVICE")]
     pub data_device: Option<String>,
+    /// Leave the slow volume (`--data-device slowvol:...`) mounted after the run, with its
+    /// databases: a later run with the same IOPS reuses it instead of loading again.
+    #[arg(long)]
+    pub keep_volume: bool,
     /// Directory for the database files (e.g. a slow volume). Default: under --ext-dir.
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
@@ -135,6 +141,11 @@ pub struct ScanArgs {
     /// Extension size in MB (default 4096; 256 with --quick).
     #[arg(long)]
     pub extension_mb: Option<u64>,
+    /// Memory limit in MB of the cgroup (v1 memory controller) each stock SQLite configuration
+    /// runs in: its page cache, the process and the OS page cache of the data file together
+    /// (default 3 x the configuration's memory).
+    #[arg(long, value_name = "MB")]
+    pub cgroup_mb: Option<u64>,
 }
 
 #[derive(clap::Args, Debug, Clone)]
