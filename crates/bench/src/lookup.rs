@@ -130,7 +130,13 @@ fn chosen(filter: Option<&[String]>, emulated_device: bool) -> Vec<&'static str>
 }
 
 /// What configuration `name` runs; `os_cache` says what holds stock SQLite's OS page cache.
-fn describe(name: &str, memory_mb: u64, extension_mb: u64, os_cache: &str) -> String {
+fn describe(
+    name: &str,
+    memory_mb: u64,
+    extension_mb: u64,
+    database_mb: u64,
+    os_cache: &str,
+) -> String {
     let shape = shape(name);
     let skew = match shape.distribution {
         Distribution::Zipf { s } => format!(", Zipfian ids (s = {s})"),
@@ -144,7 +150,8 @@ fn describe(name: &str, memory_mb: u64, extension_mb: u64, os_cache: &str) -> St
             format!("{memory_mb} MB + {extension_mb} MB extension warmed by a full scan")
         }
         "limited_memory_bpe_half_ext" => format!(
-            "{memory_mb} MB + {extension_mb} MB extension (half the database: the ring wraps and evicts), warmed by a full scan"
+            "{memory_mb} MB + {extension_mb} MB extension ({:.2}x the database: the ring wraps and evicts), warmed by a full scan",
+            extension_mb as f64 / database_mb.max(1) as f64
         ),
         "ssd_cold" => {
             format!("database on the fast disk, {memory_mb} MB, caches dropped, no extension")
@@ -283,7 +290,9 @@ pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
     let extension_mb = plan
         .extension_mb
         .unwrap_or_else(|| (size_mb * 4).max(memory_mb * 2).max(min_extension_mb));
-    let half_extension_mb = (size_mb / 2).max(min_extension_mb);
+    // Half the database, or what the core accepts: at least its minimum and more than max
+    // server memory (SQL Server's rule).
+    let half_extension_mb = (size_mb / 2).max(min_extension_mb).max(memory_mb + 1);
     let cgroup_mb = plan.cgroup_mb.unwrap_or(memory_mb * 3);
     let enough_cgroup_mb = enough_mb * 3;
     let fast_db = storage.on_fast_disk("lookup", &db_path, plan.reload)?;
@@ -319,6 +328,7 @@ pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
             name,
             memory,
             extension.unwrap_or(extension_mb),
+            size_mb,
             "{os_cache}",
         );
         let path = if shape.fast_disk { &fast_db } else { &db_path };

@@ -375,14 +375,19 @@ fn print_results(r: &BenchReport) {
     print_configs(r, &headers, |c| {
         let k = &c.counters;
         let s = &r.summary["runs"][&c.name];
+        // Stock SQLite has no engine to count pages.
+        let count = |v: u64| match k.engine {
+            true => v.to_string(),
+            false => "-".into(),
+        };
         vec![
             fmt_duration(c.seconds),
             sql_server(&c.name).map_or("-".into(), fmt_duration),
-            k.page_lookups.to_string(),
-            k.page_reads.to_string(),
-            k.readahead_pages.to_string(),
-            k.ext_page_reads.to_string(),
-            k.ext_page_writes.to_string(),
+            count(k.page_lookups),
+            count(k.page_reads),
+            count(k.readahead_pages),
+            count(k.ext_page_reads),
+            count(k.ext_page_writes),
             format!("{:.0}", s["mb_per_s"].as_f64().unwrap_or(0.0)),
             format!(
                 "{:.0} %",

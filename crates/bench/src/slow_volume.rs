@@ -24,13 +24,19 @@ const BLKIO_ROOT: &str = "/sys/fs/cgroup/blkio";
 /// Size of the sparse image: only what is written takes disk space.
 pub const IMAGE_GIB: u64 = 16;
 
-/// `slowvol:hdd` (150 read IOPS, a 7200 rpm disk), `slowvol:gp3` (3000, an EBS gp3 volume's
-/// baseline) or `slowvol:<IOPS>`.
+/// `slowvol:hdd` (150 read IOPS and 200 MiB/s, a 7200 rpm disk), `slowvol:gp3` (3000 and 125
+/// MiB/s, an EBS gp3 volume's baseline), `slowvol:<IOPS>` or `slowvol:<IOPS>:<MiB/s>`.
+///
+/// The bandwidth cap matters for large requests: the loop device takes requests of up to 1.25
+/// MiB and the kernel's readahead makes them, so with an IOPS cap alone a buffered sequential
+/// read would run at IOPS x 1.25 MiB, far above what the device named allows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VolumePreset {
     /// As given, e.g. `slowvol:hdd`.
     pub name: String,
     pub read_iops: u32,
+    /// Read bandwidth cap, MiB/s (None: no cap).
+    pub read_mib_s: Option<u32>,
 }
 
 impl VolumePreset {
@@ -39,26 +45,36 @@ impl VolumePreset {
         let Some(spec) = s.strip_prefix("slowvol:") else {
             return Ok(None);
         };
-        let read_iops = match spec {
-            "hdd" => 150,
-            "gp3" => 3000,
-            n => match n.parse::<u32>() {
-                Ok(iops) if iops > 0 => iops,
-                _ => bail!(
-                    "unknown slow volume {s:?}: use slowvol:hdd (150 read IOPS), slowvol:gp3 (3000) or slowvol:<IOPS> (a whole number above 0)"
-                ),
+        let positive = |n: &str| n.parse::<u32>().ok().filter(|&v| v > 0);
+        let (read_iops, read_mib_s) = match spec.split_once(':') {
+            _ if spec == "hdd" => (Some(150), Some(200)),
+            _ if spec == "gp3" => (Some(3000), Some(125)),
+            Some((iops, mib_s)) => match positive(mib_s) {
+                Some(bw) => (positive(iops), Some(bw)),
+                None => (None, None),
             },
+            None => (positive(spec), None),
+        };
+        let Some(read_iops) = read_iops else {
+            bail!(
+                "unknown slow volume {s:?}: use slowvol:hdd (150 read IOPS, 200 MiB/s), slowvol:gp3 (3000, 125 MiB/s), slowvol:<IOPS> or slowvol:<IOPS>:<MiB/s> (whole numbers above 0)"
+            );
         };
         Ok(Some(VolumePreset {
             name: s.into(),
             read_iops,
+            read_mib_s,
         }))
     }
 
     /// What the results call the device.
     pub fn description(&self) -> String {
+        let bandwidth = match self.read_mib_s {
+            Some(b) => format!(", {b} MiB/s"),
+            None => String::new(),
+        };
         format!(
-            "kernel-throttled loop volume, {} read IOPS (cgroup v1 blkio)",
+            "kernel-throttled loop volume, {} read IOPS{bandwidth} (cgroup v1 blkio)",
             self.read_iops
         )
     }
@@ -76,6 +92,8 @@ pub struct VolumeInfo {
     /// `kernel-throttled loop volume, N read IOPS (cgroup v1 blkio)`.
     pub description: String,
     pub read_iops: u32,
+    /// Read bandwidth cap, MiB/s (None: no cap).
+    pub read_mib_s: Option<u32>,
     pub image: PathBuf,
     pub image_gib: u64,
     pub loop_device: String,
@@ -137,6 +155,7 @@ impl SlowVolume {
             info: VolumeInfo {
                 description: preset.description(),
                 read_iops: preset.read_iops,
+                read_mib_s: preset.read_mib_s,
                 image,
                 image_gib: IMAGE_GIB,
                 loop_device,
@@ -157,7 +176,8 @@ impl SlowVolume {
         Ok(volume)
     }
 
-    /// Makes the blkio group (if missing) and caps its reads from the loop device.
+    /// Makes the blkio group (if missing) and caps its reads from the loop device (a kept
+    /// volume's earlier caps are replaced: 0 removes one).
     fn set_throttle(&self) -> anyhow::Result<()> {
         let cg = &self.info.blkio_cgroup;
         std::fs::create_dir_all(cg)
@@ -165,9 +185,19 @@ impl SlowVolume {
         let dev_name = self.info.loop_device.trim_start_matches("/dev/");
         let majmin = std::fs::read_to_string(format!("/sys/block/{dev_name}/dev"))
             .with_context(|| format!("reading the device number of {dev_name}"))?;
-        let rule = format!("{} {}", majmin.trim(), self.info.read_iops);
-        std::fs::write(cg.join("blkio.throttle.read_iops_device"), &rule)
-            .with_context(|| format!("setting the read throttle {rule:?} in {}", cg.display()))
+        let bytes_per_s = self.info.read_mib_s.map_or(0, |b| u64::from(b) << 20);
+        for (file, limit) in [
+            (
+                "blkio.throttle.read_iops_device",
+                u64::from(self.info.read_iops),
+            ),
+            ("blkio.throttle.read_bps_device", bytes_per_s),
+        ] {
+            let rule = format!("{} {limit}", majmin.trim());
+            std::fs::write(cg.join(file), &rule)
+                .with_context(|| format!("setting {file} to {rule:?} in {}", cg.display()))?;
+        }
+        Ok(())
     }
 
     /// Moves this process (and so every process it starts from now on) into the volume's blkio
@@ -316,16 +346,22 @@ mod tests {
 
     #[test]
     fn presets_name_their_read_iops() {
-        let p = |s| VolumePreset::parse(s).unwrap().unwrap().read_iops;
-        assert_eq!(p("slowvol:hdd"), 150);
-        assert_eq!(p("slowvol:gp3"), 3000);
-        assert_eq!(p("slowvol:420"), 420);
+        let p = |s| {
+            let p = VolumePreset::parse(s).unwrap().unwrap();
+            (p.read_iops, p.read_mib_s)
+        };
+        assert_eq!(p("slowvol:hdd"), (150, Some(200)));
+        assert_eq!(p("slowvol:gp3"), (3000, Some(125)));
+        assert_eq!(p("slowvol:420"), (420, None));
+        assert_eq!(p("slowvol:420:60"), (420, Some(60)));
+        let describe = |s| VolumePreset::parse(s).unwrap().unwrap().description();
         assert_eq!(
-            VolumePreset::parse("slowvol:hdd")
-                .unwrap()
-                .unwrap()
-                .description(),
-            "kernel-throttled loop volume, 150 read IOPS (cgroup v1 blkio)"
+            describe("slowvol:hdd"),
+            "kernel-throttled loop volume, 150 read IOPS, 200 MiB/s (cgroup v1 blkio)"
+        );
+        assert_eq!(
+            describe("slowvol:80"),
+            "kernel-throttled loop volume, 80 read IOPS (cgroup v1 blkio)"
         );
     }
 
@@ -343,6 +379,10 @@ mod tests {
             "slowvol:fast",
             "slowvol:-5",
             "slowvol:1.5",
+            "slowvol:100:0",
+            "slowvol:100:",
+            "slowvol::100",
+            "slowvol:hdd:100",
         ] {
             let e = VolumePreset::parse(bad).unwrap_err().to_string();
             assert!(e.contains(bad) && e.contains("slowvol:hdd"), "{bad}: {e}");
@@ -364,7 +404,7 @@ mod tests {
             eprintln!("skipped: {why}");
             return;
         }
-        let preset = VolumePreset::parse("slowvol:77").unwrap().unwrap();
+        let preset = VolumePreset::parse("slowvol:77:5").unwrap().unwrap();
         let v = SlowVolume::up(&preset, false).unwrap();
         let info = v.info.clone();
         assert!(is_mount_point(&info.mount));
@@ -373,6 +413,9 @@ mod tests {
             std::fs::read_to_string(info.blkio_cgroup.join("blkio.throttle.read_iops_device"))
                 .unwrap();
         assert!(rule.trim().ends_with(" 77"), "{rule}");
+        let bps = std::fs::read_to_string(info.blkio_cgroup.join("blkio.throttle.read_bps_device"))
+            .unwrap();
+        assert!(bps.trim().ends_with(&format!(" {}", 5 << 20)), "{bps}");
         drop(v);
         assert!(!is_mount_point(&info.mount));
         assert!(!info.image.exists());
