@@ -11,10 +11,14 @@ pub struct BenchArgs {
 
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum Experiment {
-    /// 10,000 random point selects on 1,000,000 rows of 1000 bytes (five configurations, and
-    /// stock SQLite beside them on a real device).
+    /// 10,000 random point selects on 1,000,000 rows of 1000 bytes: the seed's five
+    /// configurations, an extension of half the database (limited_memory_bpe_half_ext), Zipfian
+    /// lookups (limited_memory_bpe_zipf), and on a real device (slowvol:..., real) stock SQLite
+    /// beside them (stock_ram_resident, stock_limited_memory, stock_limited_memory_zipf).
     Lookup(LookupArgs),
-    /// SELECT AVG(ActualCost) over a ~1 GB transaction history: cold, warm, 256 MB, extension.
+    /// SELECT AVG(ActualCost) over a ~1 GB transaction history: cold, warm, 256 MB, extension;
+    /// on a real device (slowvol:..., real) also stock SQLite (stock_cold, stock_warm,
+    /// stock_limited_memory).
     Scan(ScanArgs),
     /// TPC-C-like OLTP: memory at 100 % and 25 % of the database, extension on and off.
     Oltp(OltpArgs),
@@ -102,9 +106,10 @@ pub struct LookupArgs {
     /// Journal mode of the timed runs.
     #[arg(long, value_enum, default_value_t = crate::db::Journal::Wal)]
     pub journal: crate::db::Journal,
-    /// Memory limit in MB of the cgroup (v1 memory controller) that `stock_limited_memory` runs
-    /// in: SQLite's page cache of --memory-mb, the process and the OS page cache of the data
-    /// file together (default 3 x --memory-mb).
+    /// Memory limit in MB of the cgroup (v1 memory controller) that `stock_limited_memory` and
+    /// `stock_limited_memory_zipf` run in: SQLite's page cache of --memory-mb, the process and
+    /// the OS page cache of the data file together (default 3 x --memory-mb;
+    /// stock_ram_resident's is 3 x its memory).
     #[arg(long, value_name = "MB")]
     pub cgroup_mb: Option<u64>,
 }
@@ -141,9 +146,9 @@ pub struct ScanArgs {
     /// Extension size in MB (default 4096; 256 with --quick).
     #[arg(long)]
     pub extension_mb: Option<u64>,
-    /// Memory limit in MB of the cgroup (v1 memory controller) each stock SQLite configuration
-    /// runs in: its page cache, the process and the OS page cache of the data file together
-    /// (default 3 x the configuration's memory).
+    /// Memory limit in MB of the cgroup (v1 memory controller) that `stock_limited_memory` runs
+    /// in: SQLite's page cache of --memory-mb, the process and the OS page cache of the data
+    /// file together (default 3 x --memory-mb; stock_cold's is 3 x its memory).
     #[arg(long, value_name = "MB")]
     pub cgroup_mb: Option<u64>,
 }

@@ -1,8 +1,9 @@
 //! The lookup benchmark: a table of 1,000,000 rows of 1000 bytes (just over 1 GB) and 10,000
-//! random point selects, in the five configurations of the published SQL Server experiment, and
-//! beside them stock SQLite with the same memory (`stock_limited_memory`: SQLite's page cache of
-//! that size, the OS page cache held to a budget by a memory cgroup), which runs by default
-//! when the data device is real (the emulation is bpe's and does not slow stock SQLite down).
+//! random point selects, in the five configurations of the published SQL Server experiment; then
+//! configurations that stress the cache (an extension of half the database, Zipfian ids); and
+//! beside them stock SQLite with the same memory (`stock_*`: SQLite's page cache of that size,
+//! the OS page cache held to a budget by a memory cgroup), which runs by default when the data
+//! device is real (the emulation is bpe's and does not slow stock SQLite down).
 
 use crate::args::selected;
 use crate::args::LookupArgs;

@@ -1,6 +1,8 @@
 //! The scan benchmark: `SELECT AVG(ActualCost)` over a ~1 GB transaction history, cold from the
 //! slow device, warm, with 256 MB of memory, and with 256 MB plus an extension (the first run
-//! fills it, the second reads from it).
+//! fills it, the second reads from it); on a real data device, stock SQLite beside them with the
+//! same memory (`stock_cold` then `stock_warm`, `stock_limited_memory`: SQLite's page cache of
+//! that size, the OS page cache held to a budget by a memory cgroup).
 
 use crate::args::selected;
 use crate::args::ScanArgs;
@@ -180,7 +182,10 @@ pub fn run(a: &ScanArgs) -> anyhow::Result<BenchReport> {
         };
         let results = match child.stock {
             true => {
-                let cgroup_mb = a.cgroup_mb.unwrap_or(memory * 3);
+                let cgroup_mb = match child.memory {
+                    Mem::Limited => a.cgroup_mb.unwrap_or(memory * 3),
+                    Mem::Enough => memory * 3,
+                };
                 runner.run_stock(setup, scans, memory, cgroup_mb)?
             }
             false => runner.run(setup, scans, memory, child.slow_device)?,

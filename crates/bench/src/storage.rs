@@ -123,15 +123,10 @@ impl Storage {
     /// As [`Storage::from_args`], with `default_device` when neither --data-device nor
     /// --data-dir is given.
     pub fn from_args_or(c: &CommonArgs, bench: &str, default_device: &str) -> anyhow::Result<Self> {
-        if let Some(preset) = c
-            .data_device
-            .as_deref()
-            .map(VolumePreset::parse)
-            .transpose()?
-        {
-            if let Some(preset) = preset {
-                return Self::on_slow_volume(c, bench, &preset);
-            }
+        // A slow volume is a device of its own, not one of DataDevice's.
+        let preset = c.data_device.as_deref().map(VolumePreset::parse);
+        if let Some(preset) = preset.transpose()?.flatten() {
+            return Self::on_slow_volume(c, bench, &preset);
         }
         if c.keep_volume {
             bail!("--keep-volume keeps a slow volume: it needs --data-device slowvol:...");
