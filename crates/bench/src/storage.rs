@@ -303,3 +303,66 @@ pub fn load_once(
     std::fs::write(&marker, format!("{note}\n"))?;
     Ok(note)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    fn common(args: &[&str]) -> CommonArgs {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
+            .unwrap()
+            .common
+    }
+
+    fn error(args: &[&str]) -> String {
+        Storage::from_args(&common(args), "test")
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_slow_volume_and_a_data_dir_are_refused_together() {
+        let e = error(&["--data-device", "slowvol:hdd", "--data-dir", "/nowhere"]);
+        assert!(e.contains("--data-dir") && e.contains("slowvol:hdd"), "{e}");
+    }
+
+    #[test]
+    fn keep_volume_needs_a_slow_volume() {
+        let e = error(&["--keep-volume", "--data-device", "emulated:hdd"]);
+        assert!(e.contains("--keep-volume"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_slow_volume_is_refused_before_anything_is_made() {
+        let e = error(&["--data-device", "slowvol:quick"]);
+        assert!(
+            e.contains("slowvol:quick") && e.contains("slowvol:gp3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn other_devices_have_no_volume_and_say_what_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let ext = dir.path().display().to_string();
+        let s = Storage::from_args(
+            &common(&["--data-device", "emulated:hdd", "--ext-dir", &ext]),
+            "test",
+        )
+        .unwrap();
+        assert!(s.data_volume.is_none());
+        s.enter_data_device().unwrap();
+        assert!(s
+            .describe_data_device()
+            .starts_with("emulated:hdd (in-process"));
+        let json = serde_json::to_value(&s).unwrap();
+        assert!(json.get("data_volume").is_none(), "{json}");
+    }
+}
