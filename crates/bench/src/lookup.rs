@@ -401,6 +401,8 @@ pub(crate) fn child(
     details["extension_mb"] = json!(setup.extension.as_ref().map(|e| e.1));
     details["vfs"] = json!(setup.sqlite.vfs());
     details["journal"] = json!(setup.journal.label());
+    // The I/O throttle this process ran under ("/" when none): a slow volume's group.
+    details["blkio_cgroup"] = json!(crate::slow_volume::own_blkio_cgroup());
     let io_before = process_read_bytes();
     let pb = progress::bar(cfg.lookups, &setup.name);
     let mut rng = StdRng::seed_from_u64(SEED);

@@ -284,6 +284,8 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         sp.finish_and_clear();
         r.details["waited_for_extension_writer_s"] = json!(waited);
         r.details["mb_per_s"] = json!(cfg.table_bytes as f64 / 1048576.0 / r.seconds);
+        // The I/O throttle this process ran under: a slow volume's group, or the root.
+        r.details["blkio_cgroup"] = json!(crate::slow_volume::own_blkio_cgroup());
         out.push(r);
     }
     Ok(out)

@@ -322,8 +322,8 @@ fn is_mount_point(dir: &Path) -> bool {
         .any(|l| l.split_whitespace().nth(1) == Some(dir.as_str()))
 }
 
-/// This process's blkio group (from /proc/self/cgroup).
-fn own_blkio_cgroup() -> Option<PathBuf> {
+/// This process's blkio group (from /proc/self/cgroup), as a directory under the controller.
+pub fn own_blkio_cgroup() -> Option<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     text.lines().find_map(|l| {
         let mut f = l.splitn(3, ':');
