@@ -7,8 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-bench-results}
 WORK=${WORK:-$PWD/bpe-bench-work}
-# shared/ sits beside the repository.
-SLOWVOL=${SLOWVOL:-$PWD/../shared/tools/slow-volume.sh}
 mkdir -p "$OUT" docs/img
 cargo build --release -p sqlite-bpe-bench --bin bpe-bench
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/bpe-bench}
@@ -28,18 +26,15 @@ for what in "${@:-lookup scan oltp dw}"; do
         run autocommit-2ms autocommit --data-device emulated:2ms
         run autocommit-real autocommit --data-device real ;;
       slowvol)
-        # The kernel-throttled slow volume (150 read IOPS) instead of the emulation.
-        vol=$("$SLOWVOL" up bench 8 150)
-        B=("$SLOWVOL" run bench -- "$OUT/bpe-bench")
-        run lookup-slowvol lookup --data-dir "$vol"
-        run scan-slowvol scan --data-dir "$vol"
-        # Stock SQLite beside bpe (16 MB page cache in a 48 MB memory cgroup against 16 MB +
-        # a 512 MB extension), 195 MB table, both journal modes.
-        for j in wal delete; do
-          run "lookup-slowvol-stock-$j" lookup --quick --rows 200000 --extension-mb 512 --journal "$j" --data-dir "$vol"
-        done
-        B=("$OUT/bpe-bench")
-        "$SLOWVOL" down bench ;;
+        # The kernel-throttled slow volume the benchmark makes itself (150 read IOPS, 200 MiB/s;
+        # needs root), kept between these runs so that each database loads once; the last run
+        # takes it down. Stock SQLite runs beside bpe there by default.
+        V=(--data-device slowvol:hdd)
+        run lookup-slowvol lookup "${V[@]}" --keep-volume
+        run scan-slowvol scan "${V[@]}" --keep-volume
+        # 195 MB table, 16 MB of memory, 512 MB extension, both journal modes.
+        run lookup-slowvol-stock-wal lookup --quick --rows 200000 --extension-mb 512 --journal wal "${V[@]}" --keep-volume
+        run lookup-slowvol-stock-delete lookup --quick --rows 200000 --extension-mb 512 --journal delete "${V[@]}" ;;
       *) echo "unknown benchmark $w" >&2; exit 2 ;;
     esac
   done

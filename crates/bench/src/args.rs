@@ -11,10 +11,14 @@ pub struct BenchArgs {
 
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum Experiment {
-    /// 10,000 random point selects on 1,000,000 rows of 1000 bytes (five configurations, and
-    /// stock SQLite beside them on a real device).
+    /// 10,000 random point selects on 1,000,000 rows of 1000 bytes: the seed's five
+    /// configurations, an extension of half the database (limited_memory_bpe_half_ext), Zipfian
+    /// lookups (limited_memory_bpe_zipf), and on a real device (slowvol:..., real) stock SQLite
+    /// beside them (stock_ram_resident, stock_limited_memory, stock_limited_memory_zipf).
     Lookup(LookupArgs),
-    /// SELECT AVG(ActualCost) over a ~1 GB transaction history: cold, warm, 256 MB, extension.
+    /// SELECT AVG(ActualCost) over a ~1 GB transaction history: cold, warm, 256 MB, extension;
+    /// on a real device (slowvol:..., real) also stock SQLite (stock_cold, stock_warm,
+    /// stock_limited_memory).
     Scan(ScanArgs),
     /// TPC-C-like OLTP: memory at 100 % and 25 % of the database, extension on (2x or 0.5x the
     /// database) and off, writers queued or left to SQLite's locking, and stock SQLite beside
@@ -47,10 +51,17 @@ pub struct CommonArgs {
     /// read, write and sync, 150 MB/s, 150 IOPS), `emulated:san` (1 ms, 400 MB/s),
     /// `emulated:gp3` (1 ms, 125 MB/s, 3000 IOPS), `emulated:ssd` (100 µs, 1 ms per sync,
     /// 500 MB/s), `emulated:2ms`, `emulated:500us`, `emulated:8ms:150:150` (latency, optional
-    /// IOPS cap, optional MB/s); or `real` (no emulation: whatever device --data-dir is on).
-    /// Default: emulated:hdd (autocommit: emulated:2ms), or real when --data-dir is given.
+    /// IOPS cap, optional MB/s); `real` (no emulation: whatever device --data-dir is on); or a
+    /// kernel-throttled slow volume the benchmark makes, uses and removes (needs root, loop
+    /// devices and cgroup v1 blkio): `slowvol:hdd` (150 read IOPS, 200 MiB/s), `slowvol:gp3`
+    /// (3000, 125 MiB/s), `slowvol:<IOPS>`, `slowvol:<IOPS>:<MiB/s>`. Default: emulated:hdd
+    /// (autocommit: emulated:2ms), or real when --data-dir is given.
     #[arg(long, value_name = "DEVICE")]
     pub data_device: Option<String>,
+    /// Leave the slow volume (`--data-device slowvol:...`) mounted after the run, with its
+    /// databases: a later run with the same IOPS reuses it instead of loading again.
+    #[arg(long)]
+    pub keep_volume: bool,
     /// Directory for the database files (e.g. a slow volume). Default: under --ext-dir.
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
@@ -101,9 +112,10 @@ pub struct LookupArgs {
     /// Journal mode of the timed runs.
     #[arg(long, value_enum, default_value_t = crate::db::Journal::Wal)]
     pub journal: crate::db::Journal,
-    /// Memory limit in MB of the cgroup (v1 memory controller) that `stock_limited_memory` runs
-    /// in: SQLite's page cache of --memory-mb, the process and the OS page cache of the data
-    /// file together (default 3 x --memory-mb).
+    /// Memory limit in MB of the cgroup (v1 memory controller) that `stock_limited_memory` and
+    /// `stock_limited_memory_zipf` run in: SQLite's page cache of --memory-mb, the process and
+    /// the OS page cache of the data file together (default 3 x --memory-mb;
+    /// stock_ram_resident's is 3 x its memory).
     #[arg(long, value_name = "MB")]
     pub cgroup_mb: Option<u64>,
 }
@@ -140,6 +152,11 @@ pub struct ScanArgs {
     /// Extension size in MB (default 4096; 256 with --quick).
     #[arg(long)]
     pub extension_mb: Option<u64>,
+    /// Memory limit in MB of the cgroup (v1 memory controller) that `stock_limited_memory` runs
+    /// in: SQLite's page cache of --memory-mb, the process and the OS page cache of the data
+    /// file together (default 3 x --memory-mb; stock_cold's is 3 x its memory).
+    #[arg(long, value_name = "MB")]
+    pub cgroup_mb: Option<u64>,
 }
 
 #[derive(clap::Args, Debug, Clone)]

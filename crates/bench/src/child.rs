@@ -136,6 +136,8 @@ impl Runner<'_> {
         emulated: bool,
     ) -> anyhow::Result<Vec<ConfigResult>> {
         eprintln!("== {}: {}", setup.name, setup.description);
+        // The slow volume's throttle, inherited by the configuration's process.
+        self.storage.enter_data_device()?;
         let config = serde_json::to_value(Config { setup, run })?;
         let spec = ChildSpec::new(
             self.bench,

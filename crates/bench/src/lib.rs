@@ -27,10 +27,12 @@ mod reference;
 mod report;
 mod sampler;
 mod scan;
+mod slow_volume;
 mod storage;
 pub mod table;
 mod tpcc;
 mod tpch;
+mod zipf;
 
 pub use args::{BenchArgs, CommonArgs, Experiment};
 pub use report::{BenchReport, ConfigResult};

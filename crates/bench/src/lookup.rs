@@ -1,8 +1,9 @@
 //! The lookup benchmark: a table of 1,000,000 rows of 1000 bytes (just over 1 GB) and 10,000
-//! random point selects, in the five configurations of the published SQL Server experiment, and
-//! beside them stock SQLite with the same memory (`stock_limited_memory`: SQLite's page cache of
-//! that size, the OS page cache held to a budget by a memory cgroup), which runs by default
-//! when the data device is real (the emulation is bpe's and does not slow stock SQLite down).
+//! random point selects, in the five configurations of the published SQL Server experiment; then
+//! configurations that stress the cache (an extension of half the database, Zipfian ids); and
+//! beside them stock SQLite with the same memory (`stock_*`: SQLite's page cache of that size,
+//! the OS page cache held to a budget by a memory cgroup), which runs by default when the data
+//! device is real (the emulation is bpe's and does not slow stock SQLite down).
 
 use crate::args::selected;
 use crate::args::LookupArgs;
@@ -14,44 +15,167 @@ use crate::report::{
     fmt_duration, print_storage, print_table_left, ratio, BenchReport, ConfigResult,
 };
 use crate::storage::{db_bytes, load_once, Storage};
+use crate::zipf;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 
-/// The configurations, in the seed's order, with its SQL Server 2014 figures (seconds; NaN:
-/// not in the seed).
-pub const CONFIGS: [(&str, f64); 6] = [
+/// The configurations: the seed's five in its order, with its SQL Server 2014 figures
+/// (seconds), then the ones it did not have (NaN): stock SQLite beside bpe, an extension smaller
+/// than the database, and skewed lookups.
+pub const CONFIGS: [(&str, f64); 10] = [
     ("ram_resident", 1.5),
     ("cold_slow_disk", 122.0),
     ("limited_memory", 116.0),
     ("limited_memory_bpe", 4.6),
     ("ssd_cold", 6.3),
+    ("stock_ram_resident", f64::NAN),
     ("stock_limited_memory", f64::NAN),
+    ("limited_memory_bpe_half_ext", f64::NAN),
+    ("limited_memory_bpe_zipf", f64::NAN),
+    ("stock_limited_memory_zipf", f64::NAN),
 ];
 
-/// The configuration of stock SQLite.
+/// The configuration of stock SQLite with the limited memory.
 const STOCK: &str = "stock_limited_memory";
 
-/// What configuration `name` runs; `os_cache` says what holds stock SQLite's OS page cache.
-fn describe(name: &str, memory_mb: u64, extension_mb: u64, os_cache: &str) -> String {
+/// How much memory a configuration has.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Memory {
+    /// Enough for the whole database.
+    Enough,
+    /// The limited `max server memory` (--memory-mb).
+    Limited,
+}
+
+/// Its extension, if any.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Extension {
+    None,
+    /// --extension-mb.
+    Full,
+    /// Half the database: the ring wraps and evicts.
+    Half,
+}
+
+/// What a configuration is made of.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Shape {
+    memory: Memory,
+    extension: Extension,
+    /// Full scan before the timed lookups.
+    warm: bool,
+    /// Stock SQLite (unix VFS, page cache = the memory, OS page cache in a memory cgroup).
+    stock: bool,
+    /// The database copy on the fast disk, without the data device's emulation.
+    fast_disk: bool,
+    distribution: Distribution,
+}
+
+fn shape(name: &str) -> Shape {
+    let base = Shape {
+        memory: Memory::Limited,
+        extension: Extension::None,
+        warm: true,
+        stock: name.starts_with("stock_"),
+        fast_disk: false,
+        distribution: match name.ends_with("_zipf") {
+            true => Distribution::Zipf {
+                s: zipf::LOOKUP_EXPONENT,
+            },
+            false => Distribution::Uniform,
+        },
+    };
     match name {
-        STOCK => format!(
-            "stock SQLite (unix VFS): {memory_mb} MB page cache, OS page cache {os_cache}, warmed by a full scan"
-        ),
+        "ram_resident" | "stock_ram_resident" => Shape {
+            memory: Memory::Enough,
+            ..base
+        },
+        "cold_slow_disk" => Shape {
+            memory: Memory::Enough,
+            warm: false,
+            ..base
+        },
+        "limited_memory_bpe" | "limited_memory_bpe_zipf" => Shape {
+            extension: Extension::Full,
+            ..base
+        },
+        "limited_memory_bpe_half_ext" => Shape {
+            extension: Extension::Half,
+            ..base
+        },
+        "ssd_cold" => Shape {
+            warm: false,
+            fast_disk: true,
+            ..base
+        },
+        // limited_memory, stock_limited_memory, stock_limited_memory_zipf.
+        _ => base,
+    }
+}
+
+/// The configurations a run makes: those `--configs` names, or without it all of them, stock
+/// SQLite only on a real data device (the in-process emulation is bpe's and would not slow
+/// stock SQLite down).
+fn chosen(filter: Option<&[String]>, emulated_device: bool) -> Vec<&'static str> {
+    CONFIGS
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| match filter {
+            Some(_) => selected(filter, name),
+            None => !(shape(name).stock && emulated_device),
+        })
+        .collect()
+}
+
+/// What configuration `name` runs; `os_cache` says what holds stock SQLite's OS page cache.
+fn describe(
+    name: &str,
+    memory_mb: u64,
+    extension_mb: u64,
+    database_mb: u64,
+    os_cache: &str,
+) -> String {
+    let shape = shape(name);
+    let skew = match shape.distribution {
+        Distribution::Zipf { s } => format!(", Zipfian ids (s = {s})"),
+        Distribution::Uniform => String::new(),
+    };
+    let text = match name {
         "ram_resident" => "all data in RAM (L1), warmed by a full scan".into(),
         "cold_slow_disk" => "caches dropped, data on the slow device, enough memory".into(),
         "limited_memory" => format!("{memory_mb} MB max memory, no extension"),
-        "limited_memory_bpe" => {
+        "limited_memory_bpe" | "limited_memory_bpe_zipf" => {
             format!("{memory_mb} MB + {extension_mb} MB extension warmed by a full scan")
         }
-        _ => format!("database on the fast disk, {memory_mb} MB, caches dropped, no extension"),
-    }
+        "limited_memory_bpe_half_ext" => format!(
+            "{memory_mb} MB + {extension_mb} MB extension ({:.2}x the database: the ring wraps and evicts), warmed by a full scan",
+            extension_mb as f64 / database_mb.max(1) as f64
+        ),
+        "ssd_cold" => {
+            format!("database on the fast disk, {memory_mb} MB, caches dropped, no extension")
+        }
+        _ => format!(
+            "stock SQLite (unix VFS): {memory_mb} MB page cache, OS page cache {os_cache}, warmed by a full scan"
+        ),
+    };
+    text + &skew
 }
 
 const ROW_BYTES: usize = 1000;
 const SEED: u64 = 20140401;
+
+/// Which ids the lookups ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Distribution {
+    /// Every id equally likely.
+    Uniform,
+    /// Zipfian over ranks with exponent `s`, ranks scrambled over the ids ([`zipf::Zipf`]).
+    Zipf { s: f64 },
+}
 
 /// What a configuration's process runs on its setup.
 #[derive(Serialize, Deserialize)]
@@ -60,6 +184,7 @@ struct Lookups {
     lookups: u64,
     /// Full scan before the timed lookups.
     warm: bool,
+    distribution: Distribution,
 }
 
 /// What the experiment runs: its scale and configurations.
@@ -166,48 +291,60 @@ pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
     let extension_mb = plan
         .extension_mb
         .unwrap_or_else(|| (size_mb * 4).max(memory_mb * 2).max(min_extension_mb));
+    // Half the database, or what the core accepts: at least its minimum and more than max
+    // server memory (SQL Server's rule).
+    let half_extension_mb = (size_mb / 2).max(min_extension_mb).max(memory_mb + 1);
     let cgroup_mb = plan.cgroup_mb.unwrap_or(memory_mb * 3);
+    let enough_cgroup_mb = enough_mb * 3;
     let fast_db = storage.on_fast_disk("lookup", &db_path, plan.reload)?;
     let reference = reference::of(storage, plan.reference_mib)?;
     let mut report = BenchReport::new("lookup", storage.clone(), reference);
     report.parameters = json!({
         "rows": rows, "row_bytes": ROW_BYTES, "lookups": lookups, "limited_memory_mb": memory_mb,
-        "enough_memory_mb": enough_mb, "extension_mb": extension_mb, "database_mb": size_mb,
+        "enough_memory_mb": enough_mb, "extension_mb": extension_mb,
+        "half_extension_mb": half_extension_mb, "database_mb": size_mb,
         "database_bytes": database_bytes, "database": db_path,
         "pager_cache_kib": db::PAGER_CACHE_KIB, "quick": plan.quick,
         "journal": plan.journal.label(), "stock_cgroup_mb": cgroup_mb,
+        "stock_enough_memory_cgroup_mb": enough_cgroup_mb,
+        "zipf_exponent": zipf::LOOKUP_EXPONENT,
     });
     let runner = Runner {
         bench: "lookup",
         storage,
         sample_ms: plan.sample_ms,
     };
-    for (name, _) in CONFIGS {
-        let stock = name == STOCK;
-        if !selected(plan.configs.as_deref(), name)
-            || (stock && plan.configs.is_none() && storage.data_device.emulated)
-        {
-            continue;
-        }
-        let description = describe(name, memory_mb, extension_mb, "{os_cache}");
-        let (memory, warm, ext, device, path) = match name {
-            "ram_resident" => (enough_mb, true, false, true, &db_path),
-            "cold_slow_disk" => (enough_mb, false, false, true, &db_path),
-            "limited_memory" => (memory_mb, true, false, true, &db_path),
-            "limited_memory_bpe" => (memory_mb, true, true, true, &db_path),
-            STOCK => (memory_mb, true, false, false, &db_path),
-            _ => (memory_mb, false, false, false, &fast_db),
+    for name in chosen(plan.configs.as_deref(), storage.data_device.emulated) {
+        let shape = shape(name);
+        let memory = match shape.memory {
+            Memory::Enough => enough_mb,
+            Memory::Limited => memory_mb,
         };
-        let mut setup = runner.setup(name, description, path, ext.then_some(extension_mb));
+        let extension = match shape.extension {
+            Extension::None => None,
+            Extension::Full => Some(extension_mb),
+            Extension::Half => Some(half_extension_mb),
+        };
+        let description = describe(
+            name,
+            memory,
+            extension.unwrap_or(extension_mb),
+            size_mb,
+            "{os_cache}",
+        );
+        let path = if shape.fast_disk { &fast_db } else { &db_path };
+        let mut setup = runner.setup(name, description, path, extension);
         setup.journal = plan.journal;
         let run = Lookups {
             rows,
             lookups,
-            warm,
+            warm: shape.warm,
+            distribution: shape.distribution,
         };
-        let results = match stock {
-            true => runner.run_stock(setup, run, memory, cgroup_mb)?,
-            false => runner.run(setup, run, memory, device)?,
+        let results = match (shape.stock, shape.memory) {
+            (true, Memory::Enough) => runner.run_stock(setup, run, memory, enough_cgroup_mb)?,
+            (true, Memory::Limited) => runner.run_stock(setup, run, memory, cgroup_mb)?,
+            (false, _) => runner.run(setup, run, memory, !shape.fast_disk)?,
         };
         report.configs.extend(results);
     }
@@ -264,14 +401,24 @@ pub(crate) fn child(
     details["extension_mb"] = json!(setup.extension.as_ref().map(|e| e.1));
     details["vfs"] = json!(setup.sqlite.vfs());
     details["journal"] = json!(setup.journal.label());
+    // The I/O throttle this process ran under ("/" when none): a slow volume's group.
+    details["blkio_cgroup"] = json!(crate::slow_volume::own_blkio_cgroup());
     let io_before = process_read_bytes();
     let pb = progress::bar(cfg.lookups, &setup.name);
     let mut rng = StdRng::seed_from_u64(SEED);
+    let skewed = match cfg.distribution {
+        Distribution::Zipf { s } => Some(zipf::Zipf::new(cfg.rows, s)?),
+        Distribution::Uniform => None,
+    };
+    details["distribution"] = json!(cfg.distribution);
     let mut q = conn.prepare("SELECT n FROM t WHERE id = ?1")?;
     let mut result = ConfigResult::measure(&setup.name, &setup.description, sample_ms, |ops| {
         let mut bytes = 0usize;
         for i in 0..cfg.lookups {
-            let id = rng.gen_range(1..=cfg.rows) as i64;
+            let id = match &skewed {
+                Some(z) => z.sample(&mut rng),
+                None => rng.gen_range(1..=cfg.rows),
+            } as i64;
             let n: String = q.query_row([id], |r| r.get(0))?;
             bytes += n.len();
             ops.fetch_add(1, Relaxed);
@@ -330,6 +477,26 @@ fn summarize(r: &BenchReport, lookups: u64) -> serde_json::Value {
     }
     if let (Some(k), Some(b)) = (secs(STOCK), bpe) {
         s["stock_over_bpe"] = json!(ratio(k, b));
+    }
+    // The fits-in-memory case: bpe must be no slower than 1.1x stock SQLite with the same memory.
+    if let (Some(m), Some(k)) = (ram, secs("stock_ram_resident")) {
+        s["ram_resident_over_stock_ram_resident"] = json!(ratio(m, k));
+    }
+    if let (Some(k), Some(b)) = (
+        secs("stock_limited_memory_zipf"),
+        secs("limited_memory_bpe_zipf"),
+    ) {
+        s["stock_zipf_over_bpe_zipf"] = json!(ratio(k, b));
+    }
+    if let (Some(h), Some(b)) = (r.config("limited_memory_bpe_half_ext"), bpe) {
+        s["half_ext"] = json!({
+            "over_bpe": ratio(h.seconds, b),
+            "extension_mb": r.parameters["half_extension_mb"],
+            "ext_page_evictions": h.counters.ext_page_evictions,
+            "ext_page_writes": h.counters.ext_page_writes,
+            "ext_reads_per_lookup": h.counters.ext_page_reads as f64 / lookups as f64,
+            "data_reads_per_lookup": h.counters.page_reads as f64 / lookups as f64,
+        });
     }
     if let (Some(cfg), Some(m), Some(reference)) =
         (r.config("limited_memory_bpe"), ram, r.reference.as_ref())
@@ -407,24 +574,39 @@ fn print_results(r: &BenchReport) {
         "3.1",
     );
     show("ssd_cold / limited_memory_bpe", "ssd_cold_over_bpe", "1.37");
-    if let Some(v) = s["stock_over_bpe"].as_f64() {
+    let ours = |label: &str, key: &str, note: &str| {
+        if let Some(v) = s[key].as_f64() {
+            println!("{label:<40} {v:>10.2}{note}");
+        }
+    };
+    ours(
+        "stock_limited_memory / limited_memory_bpe",
+        "stock_over_bpe",
+        "",
+    );
+    ours(
+        "ram_resident / stock_ram_resident",
+        "ram_resident_over_stock_ram_resident",
+        "   (target: at most 1.1)",
+    );
+    ours(
+        "stock_limited_memory_zipf / ..._bpe_zipf",
+        "stock_zipf_over_bpe_zipf",
+        "",
+    );
+    let h = &s["half_ext"];
+    if let Some(v) = h["over_bpe"].as_f64() {
         println!(
-            "{:<40} {v:>10.2}",
-            "stock_limited_memory / limited_memory_bpe"
+            "{:<40} {v:>10.2}   ({} MB extension: {} L2 evictions, {} L2 writes during the lookups)",
+            "limited_memory_bpe_half_ext / ..._bpe", h["extension_mb"], h["ext_page_evictions"], h["ext_page_writes"]
         );
     }
-    if let Some(g) = r.config(STOCK).map(|c| &c.details["memory_cgroup"]) {
-        match g["applied"].as_bool() {
-            Some(true) => println!(
-                "stock_limited_memory's memory cgroup: limit {} MB, high-water {:.1} MB, limit hit {} times, at the end {:.1} MB page cache + {:.1} MB anonymous",
-                g["limit_mb"], g["max_usage_mb"].as_f64().unwrap_or(0.0), g["failcnt"],
-                g["cache_mb"].as_f64().unwrap_or(0.0), g["rss_mb"].as_f64().unwrap_or(0.0)
-            ),
-            _ => println!(
-                "stock_limited_memory ran WITHOUT a memory limit: {}",
-                g["reason"].as_str().unwrap_or("unknown")
-            ),
-        }
+    for c in r
+        .configs
+        .iter()
+        .filter(|c| !c.details["memory_cgroup"].is_null())
+    {
+        print_memory_cgroup(&c.name, &c.details["memory_cgroup"]);
     }
     if let Some(p) = s.get("physical_limit") {
         println!(
@@ -435,5 +617,80 @@ fn print_results(r: &BenchReport) {
             p["ram_lookup_us"].as_f64().unwrap_or(0.0),
             p["bpe_over_limit"].as_f64().unwrap_or(0.0),
         );
+    }
+}
+
+/// The memory cgroup a stock SQLite configuration ran in, or why it ran without one.
+pub(crate) fn print_memory_cgroup(name: &str, g: &serde_json::Value) {
+    match g["applied"].as_bool() {
+        Some(true) => println!(
+            "{name}'s memory cgroup: limit {} MB, high-water {:.1} MB, limit hit {} times, at the end {:.1} MB page cache + {:.1} MB anonymous",
+            g["limit_mb"],
+            g["max_usage_mb"].as_f64().unwrap_or(0.0),
+            g["failcnt"],
+            g["cache_mb"].as_f64().unwrap_or(0.0),
+            g["rss_mb"].as_f64().unwrap_or(0.0)
+        ),
+        _ => println!(
+            "{name} ran WITHOUT a memory limit: {}",
+            g["reason"].as_str().unwrap_or("unknown")
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stock_configurations_run_by_default_only_on_a_real_device() {
+        let real = chosen(None, false);
+        assert_eq!(real.len(), CONFIGS.len());
+        for stock in [
+            "stock_ram_resident",
+            "stock_limited_memory",
+            "stock_limited_memory_zipf",
+        ] {
+            assert!(real.contains(&stock), "{stock}");
+        }
+        let emulated = chosen(None, true);
+        assert!(emulated.iter().all(|n| !n.starts_with("stock_")));
+        for bpe in [
+            "limited_memory_bpe",
+            "limited_memory_bpe_half_ext",
+            "limited_memory_bpe_zipf",
+        ] {
+            assert!(emulated.contains(&bpe), "{bpe}");
+        }
+    }
+
+    #[test]
+    fn configs_names_exactly_what_runs_even_stock_on_an_emulated_device() {
+        let names = ["stock_ram_resident", "limited_memory_bpe_zipf", "no_such"].map(String::from);
+        assert_eq!(
+            chosen(Some(&names), true),
+            ["stock_ram_resident", "limited_memory_bpe_zipf"]
+        );
+    }
+
+    #[test]
+    fn each_configuration_has_the_shape_its_name_says() {
+        let zipf = Distribution::Zipf {
+            s: zipf::LOOKUP_EXPONENT,
+        };
+        let s = shape("stock_ram_resident");
+        assert!(s.stock && s.warm && s.memory == Memory::Enough);
+        assert_eq!(s.extension, Extension::None);
+        let s = shape("limited_memory_bpe_half_ext");
+        assert!(!s.stock && s.memory == Memory::Limited && s.extension == Extension::Half);
+        assert_eq!(s.distribution, Distribution::Uniform);
+        let s = shape("limited_memory_bpe_zipf");
+        assert_eq!((s.extension, s.distribution), (Extension::Full, zipf));
+        let s = shape("stock_limited_memory_zipf");
+        assert!(s.stock && s.memory == Memory::Limited && s.distribution == zipf);
+        let s = shape("ssd_cold");
+        assert!(s.fast_disk && !s.warm);
+        assert!(!shape("cold_slow_disk").warm);
+        assert_eq!(shape("limited_memory").extension, Extension::None);
     }
 }

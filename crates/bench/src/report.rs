@@ -140,12 +140,7 @@ pub fn ratio(a: f64, b: f64) -> f64 {
 
 /// Prints the storage and the physical reference a run used.
 pub fn print_storage(s: &Storage, r: Option<&Reference>) {
-    let d = &s.data_device;
-    let device = match d.emulation() {
-        Some(e) => format!("{} (in-process: {e})", d.name),
-        None => "real (no emulation)".to_string(),
-    };
-    println!("data device:  {device}");
+    println!("data device:  {}", s.describe_data_device());
     println!("data dir:     {} ({})", s.data_dir.display(), s.data_fs);
     println!("ext dir:      {} ({})", s.ext_dir.display(), s.ext_fs);
     if let Some(r) = r {

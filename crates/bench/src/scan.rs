@@ -1,13 +1,15 @@
 //! The scan benchmark: `SELECT AVG(ActualCost)` over a ~1 GB transaction history, cold from the
 //! slow device, warm, with 256 MB of memory, and with 256 MB plus an extension (the first run
-//! fills it, the second reads from it).
+//! fills it, the second reads from it); on a real data device, stock SQLite beside them with the
+//! same memory (`stock_cold` then `stock_warm`, `stock_limited_memory`: SQLite's page cache of
+//! that size, the OS page cache held to a budget by a memory cgroup).
 
 use crate::args::selected;
 use crate::args::ScanArgs;
 use crate::child::{start, Runner};
 use crate::db;
 use crate::reference::measure_reference;
-use crate::report::{fmt_duration, print_configs, print_storage, BenchReport, ConfigResult};
+use crate::report::{fmt_duration, print_configs, print_storage, ratio, BenchReport, ConfigResult};
 use crate::storage::{db_bytes, load_once, Storage};
 use crate::{progress, reference};
 use anyhow::Context;
@@ -17,25 +19,76 @@ use serde_json::json;
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 
-/// Child processes: (name of the child, runs it makes, memory, extension, emulated device).
-const CHILDREN: [(&str, &[&str], Mem, bool, bool); 4] = [
-    ("cold", &["cold", "warm"], Mem::Enough, false, true),
-    (
+/// A configuration's process: the runs it makes one after the other, its memory, and what it
+/// runs on.
+struct Child {
+    name: &'static str,
+    runs: &'static [&'static str],
+    memory: Mem,
+    extension: bool,
+    /// The data device (with its emulation, if any); false: the copy on the fast disk.
+    slow_device: bool,
+    /// Stock SQLite (unix VFS, page cache = the memory, OS page cache in a memory cgroup).
+    stock: bool,
+}
+
+const fn process(name: &'static str, runs: &'static [&'static str], memory: Mem) -> Child {
+    Child {
+        name,
+        runs,
+        memory,
+        extension: false,
+        slow_device: true,
+        stock: false,
+    }
+}
+
+/// The seed's configurations, then stock SQLite's with the same memory (run by default on a
+/// real data device only: the in-process emulation is bpe's and would not slow stock SQLite).
+const CHILDREN: [Child; 6] = [
+    process("cold", &["cold", "warm"], Mem::Enough),
+    process(
         "limited_memory",
         &["limited_memory", "limited_memory_run2"],
         Mem::Limited,
-        false,
-        true,
     ),
-    (
-        "limited_memory_bpe",
-        &["limited_memory_bpe_fill", "limited_memory_bpe"],
-        Mem::Limited,
-        true,
-        true,
-    ),
-    ("ssd_cold", &["ssd_cold"], Mem::Enough, false, false),
+    Child {
+        extension: true,
+        ..process(
+            "limited_memory_bpe",
+            &["limited_memory_bpe_fill", "limited_memory_bpe"],
+            Mem::Limited,
+        )
+    },
+    Child {
+        slow_device: false,
+        ..process("ssd_cold", &["ssd_cold"], Mem::Enough)
+    },
+    Child {
+        stock: true,
+        ..process("stock_cold", &["stock_cold", "stock_warm"], Mem::Enough)
+    },
+    Child {
+        stock: true,
+        ..process(
+            "stock_limited_memory",
+            &["stock_limited_memory"],
+            Mem::Limited,
+        )
+    },
 ];
+
+/// The configuration processes a run starts: those with a run `--configs` names, or without it
+/// all, stock SQLite's only on a real data device.
+fn chosen(filter: Option<&[String]>, emulated_device: bool) -> Vec<&'static Child> {
+    CHILDREN
+        .iter()
+        .filter(|c| match filter {
+            Some(_) => c.runs.iter().any(|r| selected(filter, r)),
+            None => !(c.stock && emulated_device),
+        })
+        .collect()
+}
 
 #[derive(Clone, Copy)]
 enum Mem {
@@ -75,7 +128,9 @@ pub fn run(a: &ScanArgs) -> anyhow::Result<BenchReport> {
     let fast_db = storage.on_fast_disk("scan", &db_path, c.reload)?;
     let reference = measure_reference(c, &storage)?;
     // A real data device gets its own reference (its sequential bandwidth is the scan's limit).
-    let data_reference = if c.data_dir.is_some() && !storage.data_device.emulated {
+    let data_reference = if storage.own_data_dir && !storage.data_device.emulated {
+        // Measured as the configurations will read it: under the slow volume's throttle.
+        storage.enter_data_device()?;
         Some(reference::measure(&storage.data_dir, 128)?)
     } else {
         None
@@ -98,24 +153,44 @@ pub fn run(a: &ScanArgs) -> anyhow::Result<BenchReport> {
         storage: &storage,
         sample_ms: c.sample_ms,
     };
-    for (child, runs, mem, ext, emulated) in CHILDREN {
-        if !runs.iter().any(|r| selected(c.configs.as_deref(), r)) {
-            continue;
-        }
-        let memory = match mem {
+    for child in chosen(c.configs.as_deref(), storage.data_device.emulated) {
+        let memory = match child.memory {
             Mem::Enough => enough_mb,
             Mem::Limited => memory_mb,
         };
-        let description = format!("{memory} MB{}", if ext { " + extension" } else { "" });
-        let db = if emulated { &db_path } else { &fast_db };
-        let setup = runner.setup(child, description, db, ext.then_some(extension_mb));
+        let description = match (child.stock, child.extension) {
+            (true, _) => format!(
+                "stock SQLite (unix VFS): {memory} MB page cache, OS page cache {{os_cache}}"
+            ),
+            (false, true) => format!("{memory} MB + extension"),
+            (false, false) => format!("{memory} MB"),
+        };
+        let db = if child.slow_device {
+            &db_path
+        } else {
+            &fast_db
+        };
+        let setup = runner.setup(
+            child.name,
+            description,
+            db,
+            child.extension.then_some(extension_mb),
+        );
         let scans = Scans {
-            runs: runs.iter().map(|s| s.to_string()).collect(),
+            runs: child.runs.iter().map(|s| s.to_string()).collect(),
             table_bytes,
         };
-        report
-            .configs
-            .extend(runner.run(setup, scans, memory, emulated)?);
+        let results = match child.stock {
+            true => {
+                let cgroup_mb = match child.memory {
+                    Mem::Limited => a.cgroup_mb.unwrap_or(memory * 3),
+                    Mem::Enough => memory * 3,
+                };
+                runner.run_stock(setup, scans, memory, cgroup_mb)?
+            }
+            false => runner.run(setup, scans, memory, child.slow_device)?,
+        };
+        report.configs.extend(results);
     }
     report.summary = summarize(&report, table_bytes, data_reference.as_ref());
     print_results(&report);
@@ -209,6 +284,8 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         sp.finish_and_clear();
         r.details["waited_for_extension_writer_s"] = json!(waited);
         r.details["mb_per_s"] = json!(cfg.table_bytes as f64 / 1048576.0 / r.seconds);
+        // The I/O throttle this process ran under: a slow volume's group, or the root.
+        r.details["blkio_cgroup"] = json!(crate::slow_volume::own_blkio_cgroup());
         out.push(r);
     }
     Ok(out)
@@ -251,12 +328,42 @@ fn summarize(
         .config("limited_memory_bpe_fill")
         .map(ConfigResult::fill_summary);
     json!({
+        "stock": stock_ratios(r),
         "slow_device_seq_mb_s": slow_mb_s,
         "fast_disk_seq_mb_s": fast_mb_s,
         "device_seq_write_mb_s": r.reference.as_ref().map(|x| x.seq_write_mb_s),
         "runs": runs,
         "extension_fill": fill,
     })
+}
+
+/// bpe against stock SQLite with the same memory: (key, bpe's run, stock's run, which is the
+/// numerator).
+const STOCK_RATIOS: [(&str, &str, &str); 4] = [
+    // The fits-in-memory case: bpe must be no slower than 1.1x stock.
+    ("warm_over_stock_warm", "warm", "stock_warm"),
+    ("cold_over_stock_cold", "cold", "stock_cold"),
+    (
+        "stock_limited_memory_over_limited_memory_bpe",
+        "stock_limited_memory",
+        "limited_memory_bpe",
+    ),
+    (
+        "stock_limited_memory_over_limited_memory",
+        "stock_limited_memory",
+        "limited_memory",
+    ),
+];
+
+/// The ratios of [`STOCK_RATIOS`] whose two runs are in `r` (seconds over seconds).
+fn stock_ratios(r: &BenchReport) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for (key, a, b) in STOCK_RATIOS {
+        if let (Some(a), Some(b)) = (r.config(a), r.config(b)) {
+            out.insert(key.into(), json!(ratio(a.seconds, b.seconds)));
+        }
+    }
+    out.into()
 }
 
 fn print_results(r: &BenchReport) {
@@ -276,14 +383,19 @@ fn print_results(r: &BenchReport) {
     print_configs(r, &headers, |c| {
         let k = &c.counters;
         let s = &r.summary["runs"][&c.name];
+        // Stock SQLite has no engine to count pages.
+        let count = |v: u64| match k.engine {
+            true => v.to_string(),
+            false => "-".into(),
+        };
         vec![
             fmt_duration(c.seconds),
             sql_server(&c.name).map_or("-".into(), fmt_duration),
-            k.page_lookups.to_string(),
-            k.page_reads.to_string(),
-            k.readahead_pages.to_string(),
-            k.ext_page_reads.to_string(),
-            k.ext_page_writes.to_string(),
+            count(k.page_lookups),
+            count(k.page_reads),
+            count(k.readahead_pages),
+            count(k.ext_page_reads),
+            count(k.ext_page_writes),
             format!("{:.0}", s["mb_per_s"].as_f64().unwrap_or(0.0)),
             format!(
                 "{:.0} %",
@@ -296,6 +408,22 @@ fn print_results(r: &BenchReport) {
         r.summary["slow_device_seq_mb_s"].as_f64().unwrap_or(0.0),
         r.summary["fast_disk_seq_mb_s"].as_f64().unwrap_or(0.0)
     );
+    for (key, a, b) in STOCK_RATIOS {
+        if let Some(v) = r.summary["stock"][key].as_f64() {
+            let target = match key {
+                "warm_over_stock_warm" => "   (target: at most 1.1)",
+                _ => "",
+            };
+            println!("{:<44} {v:>8.2}{target}", format!("{a} / {b}"));
+        }
+    }
+    for c in r
+        .configs
+        .iter()
+        .filter(|c| !c.details["memory_cgroup"].is_null())
+    {
+        crate::lookup::print_memory_cgroup(&c.name, &c.details["memory_cgroup"]);
+    }
     let f = &r.summary["extension_fill"];
     if !f.is_null() {
         println!(
@@ -306,5 +434,39 @@ fn print_results(r: &BenchReport) {
             f["ext_write_mb_s_peak"].as_f64().unwrap_or(0.0),
             f["ext_admissions_dropped"],
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(children: Vec<&Child>) -> Vec<&str> {
+        children.iter().map(|c| c.name).collect()
+    }
+
+    #[test]
+    fn stock_runs_by_default_only_on_a_real_device() {
+        let real = names(chosen(None, false));
+        assert!(real.contains(&"stock_cold") && real.contains(&"stock_limited_memory"));
+        assert_eq!(real.len(), CHILDREN.len());
+        let emulated = names(chosen(None, true));
+        assert!(emulated.iter().all(|n| !n.starts_with("stock_")));
+        assert!(emulated.contains(&"limited_memory_bpe"));
+    }
+
+    #[test]
+    fn naming_one_run_starts_its_process() {
+        let f = ["stock_warm".to_string(), "cold".to_string()];
+        assert_eq!(names(chosen(Some(&f), true)), ["cold", "stock_cold"]);
+    }
+
+    #[test]
+    fn stock_children_are_stock_sqlite_on_the_data_device() {
+        for c in CHILDREN.iter().filter(|c| c.name.starts_with("stock_")) {
+            assert!(c.stock && c.slow_device && !c.extension, "{}", c.name);
+            assert!(c.runs.iter().all(|r| r.starts_with("stock_")));
+        }
+        assert!(CHILDREN.iter().filter(|c| c.stock).count() == 2);
     }
 }

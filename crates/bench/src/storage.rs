@@ -1,6 +1,7 @@
 //! Where the files go and what the data device is: every result records both.
 
 use crate::args::CommonArgs;
+use crate::slow_volume::{SlowVolume, VolumeInfo, VolumePreset};
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -171,6 +172,12 @@ pub struct Storage {
     /// on "the fast disk" use a copy of the database in the extension's directory.
     #[serde(skip)]
     pub own_data_dir: bool,
+    /// The kernel-throttled volume the databases are on (`--data-device slowvol:...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_volume: Option<VolumeInfo>,
+    /// The volume itself: taken down when the last copy of this storage is dropped.
+    #[serde(skip)]
+    volume: Option<std::sync::Arc<SlowVolume>>,
 }
 
 impl Storage {
@@ -181,6 +188,14 @@ impl Storage {
     /// As [`Storage::from_args`], with `default_device` when neither --data-device nor
     /// --data-dir is given.
     pub fn from_args_or(c: &CommonArgs, bench: &str, default_device: &str) -> anyhow::Result<Self> {
+        // A slow volume is a device of its own, not one of DataDevice's.
+        let preset = c.data_device.as_deref().map(VolumePreset::parse);
+        if let Some(preset) = preset.transpose()?.flatten() {
+            return Self::on_slow_volume(c, bench, &preset);
+        }
+        if c.keep_volume {
+            bail!("--keep-volume keeps a slow volume: it needs --data-device slowvol:...");
+        }
         let ext_dir = match &c.ext_dir {
             Some(d) => d.clone(),
             None => std::env::current_dir()?.join("bpe-bench-work"),
@@ -197,6 +212,50 @@ impl Storage {
         let mut storage = Storage::at(device, &ext_dir, &data_dir)?;
         storage.own_data_dir = c.data_dir.is_some();
         Ok(storage)
+    }
+
+    /// The databases on the slow volume of `preset` (made now, or a kept one found), the
+    /// extension files in --ext-dir.
+    fn on_slow_volume(c: &CommonArgs, bench: &str, preset: &VolumePreset) -> anyhow::Result<Self> {
+        if c.data_dir.is_some() {
+            bail!("--data-dir and --data-device {} both say where the databases go: the slow volume is mounted by the benchmark, so leave --data-dir out", preset.name);
+        }
+        let volume = SlowVolume::up(preset, c.keep_volume)?;
+        let ext_dir = match &c.ext_dir {
+            Some(d) => d.clone(),
+            None => std::env::current_dir()?.join("bpe-bench-work"),
+        };
+        let data_dir = volume.info.mount.join(format!("data-{bench}"));
+        let device = DataDevice {
+            name: preset.name.clone(),
+            ..DataDevice::none()
+        };
+        let mut storage = Storage::at(device, &ext_dir, &data_dir)?;
+        // Runs on "the fast disk" use a copy in the extension's directory.
+        storage.own_data_dir = true;
+        storage.data_volume = Some(volume.info.clone());
+        storage.volume = Some(std::sync::Arc::new(volume));
+        Ok(storage)
+    }
+
+    /// Moves this process, and every configuration's process it starts from now on, under the
+    /// slow volume's throttle (nothing without one). Call after loading and copying the data.
+    pub fn enter_data_device(&self) -> anyhow::Result<()> {
+        match &self.volume {
+            Some(v) => v.enter(),
+            None => Ok(()),
+        }
+    }
+
+    /// What the data device is, for the printed results: the slow volume's description, the
+    /// emulation, or a real device.
+    pub fn describe_data_device(&self) -> String {
+        let d = &self.data_device;
+        match (&self.data_volume, d.emulation()) {
+            (Some(v), _) => format!("{}: {}", d.name, v.description),
+            (None, Some(e)) => format!("{} (in-process: {e})", d.name),
+            (None, None) => "real (no emulation)".to_string(),
+        }
     }
 
     /// Extension files in `ext_dir` and databases in `data_dir` (made if missing), read through
@@ -222,6 +281,8 @@ impl Storage {
             ext_fs,
             ext_dir,
             own_data_dir: false,
+            data_volume: None,
+            volume: None,
         })
     }
 
@@ -306,4 +367,67 @@ pub fn load_once(
     drop(conn);
     std::fs::write(&marker, format!("{note}\n"))?;
     Ok(note)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    fn common(args: &[&str]) -> CommonArgs {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
+            .unwrap()
+            .common
+    }
+
+    fn error(args: &[&str]) -> String {
+        Storage::from_args(&common(args), "test")
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_slow_volume_and_a_data_dir_are_refused_together() {
+        let e = error(&["--data-device", "slowvol:hdd", "--data-dir", "/nowhere"]);
+        assert!(e.contains("--data-dir") && e.contains("slowvol:hdd"), "{e}");
+    }
+
+    #[test]
+    fn keep_volume_needs_a_slow_volume() {
+        let e = error(&["--keep-volume", "--data-device", "emulated:hdd"]);
+        assert!(e.contains("--keep-volume"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_slow_volume_is_refused_before_anything_is_made() {
+        let e = error(&["--data-device", "slowvol:quick"]);
+        assert!(
+            e.contains("slowvol:quick") && e.contains("slowvol:gp3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn other_devices_have_no_volume_and_say_what_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let ext = dir.path().display().to_string();
+        let s = Storage::from_args(
+            &common(&["--data-device", "emulated:hdd", "--ext-dir", &ext]),
+            "test",
+        )
+        .unwrap();
+        assert!(s.data_volume.is_none());
+        s.enter_data_device().unwrap();
+        assert!(s
+            .describe_data_device()
+            .starts_with("emulated:hdd (in-process"));
+        let json = serde_json::to_value(&s).unwrap();
+        assert!(json.get("data_volume").is_none(), "{json}");
+    }
 }

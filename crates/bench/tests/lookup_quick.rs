@@ -43,8 +43,8 @@ fn lookup(extra: &[&str]) -> serde_json::Value {
 }
 
 #[test]
-fn lookup_runs_all_five_configurations() {
-    // On an emulated device stock_limited_memory runs only when asked for.
+fn lookup_runs_all_bpe_configurations() {
+    // On an emulated device the stock SQLite configurations run only when asked for.
     let v = lookup(&[]);
     assert_eq!(v["benchmark"], "lookup");
     assert_eq!(v["storage"]["data_device"]["name"], "emulated:ssd");
@@ -67,7 +67,9 @@ fn lookup_runs_all_five_configurations() {
             "cold_slow_disk",
             "limited_memory",
             "limited_memory_bpe",
-            "ssd_cold"
+            "ssd_cold",
+            "limited_memory_bpe_half_ext",
+            "limited_memory_bpe_zipf",
         ]
     );
     for c in v["configs"].as_array().unwrap() {
@@ -84,6 +86,22 @@ fn lookup_runs_all_five_configurations() {
     assert!(
         bpe["ext_page_reads"].as_u64().unwrap() > 0,
         "the warmed extension served no page: {bpe}"
+    );
+    // Half the database's size: the ring wrapped, evicting pages the warming scan wrote.
+    let half = &v["configs"][5];
+    assert_eq!(
+        half["details"]["extension_mb"],
+        v["parameters"]["half_extension_mb"]
+    );
+    assert!(
+        half["counters"]["ext_page_evictions"].as_u64().unwrap() > 0
+            || half["details"]["warm"]["ext_page_writes"].as_u64().unwrap()
+                > half["details"]["extension_mb"].as_u64().unwrap() * 256,
+        "the half-size extension never wrapped: {half}"
+    );
+    assert_eq!(
+        v["configs"][6]["details"]["distribution"]["zipf"]["s"],
+        0.99
     );
     let cold = &v["configs"][1]["counters"];
     assert!(

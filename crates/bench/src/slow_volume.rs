@@ -1,0 +1,425 @@
+//! A real, kernel-throttled slow data device: `--data-device slowvol:hdd|gp3|<IOPS>`.
+//!
+//! The benchmark makes an ext4 file system on a loop device (direct I/O to a sparse image under
+//! /var/tmp, so the host's page cache never answers for it), mounts it under /mnt, and caps the
+//! read IOPS that the processes of a cgroup v1 blkio group may issue to it. The benchmark's own
+//! process enters the group before its first configuration (its children, stock and bpe alike,
+//! inherit it, and so do their cold-cache drops); the throttle is per device, so the extension's
+//! and the reference's I/O on the fast disk is not slowed. Loading and the copy for "the fast
+//! disk" happen before, unthrottled.
+//!
+//! The volume is removed when the run ends unless `--keep-volume` is given; a later run with the
+//! same read IOPS then finds it mounted and reuses it (and the database loaded on it).
+//!
+//! The throttle shapes throughput, not each request: at queue depth 1 the mean latency is
+//! 1/IOPS, but single requests can come back early and others wait a whole throttle slice.
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BLKIO_ROOT: &str = "/sys/fs/cgroup/blkio";
+
+/// Size of the sparse image: only what is written takes disk space.
+pub const IMAGE_GIB: u64 = 16;
+
+/// `slowvol:hdd` (150 read IOPS and 200 MiB/s, a 7200 rpm disk), `slowvol:gp3` (3000 and 125
+/// MiB/s, an EBS gp3 volume's baseline), `slowvol:<IOPS>` or `slowvol:<IOPS>:<MiB/s>`.
+///
+/// The bandwidth cap matters for large requests: the loop device takes requests of up to 1.25
+/// MiB and the kernel's readahead makes them, so with an IOPS cap alone a buffered sequential
+/// read would run at IOPS x 1.25 MiB, far above what the device named allows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumePreset {
+    /// As given, e.g. `slowvol:hdd`.
+    pub name: String,
+    pub read_iops: u32,
+    /// Read bandwidth cap, MiB/s (None: no cap).
+    pub read_mib_s: Option<u32>,
+}
+
+impl VolumePreset {
+    /// The preset `s` names; None when `s` is not a `slowvol:` device at all.
+    pub fn parse(s: &str) -> anyhow::Result<Option<VolumePreset>> {
+        let Some(spec) = s.strip_prefix("slowvol:") else {
+            return Ok(None);
+        };
+        let positive = |n: &str| n.parse::<u32>().ok().filter(|&v| v > 0);
+        let (read_iops, read_mib_s) = match spec.split_once(':') {
+            _ if spec == "hdd" => (Some(150), Some(200)),
+            _ if spec == "gp3" => (Some(3000), Some(125)),
+            Some((iops, mib_s)) => match positive(mib_s) {
+                Some(bw) => (positive(iops), Some(bw)),
+                None => (None, None),
+            },
+            None => (positive(spec), None),
+        };
+        let Some(read_iops) = read_iops else {
+            bail!(
+                "unknown slow volume {s:?}: use slowvol:hdd (150 read IOPS, 200 MiB/s), slowvol:gp3 (3000, 125 MiB/s), slowvol:<IOPS> or slowvol:<IOPS>:<MiB/s> (whole numbers above 0)"
+            );
+        };
+        Ok(Some(VolumePreset {
+            name: s.into(),
+            read_iops,
+            read_mib_s,
+        }))
+    }
+
+    /// What the results call the device.
+    pub fn description(&self) -> String {
+        let bandwidth = match self.read_mib_s {
+            Some(b) => format!(", {b} MiB/s"),
+            None => String::new(),
+        };
+        format!(
+            "kernel-throttled loop volume, {} read IOPS{bandwidth} (cgroup v1 blkio)",
+            self.read_iops
+        )
+    }
+
+    /// The name of its image, mount point and cgroup: one per IOPS, so that a kept volume is
+    /// found again by a run with the same preset.
+    fn tag(&self) -> String {
+        format!("bpe-bench-slowvol-{}", self.read_iops)
+    }
+}
+
+/// The volume as the results record it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct VolumeInfo {
+    /// `kernel-throttled loop volume, N read IOPS (cgroup v1 blkio)`.
+    pub description: String,
+    pub read_iops: u32,
+    /// Read bandwidth cap, MiB/s (None: no cap).
+    pub read_mib_s: Option<u32>,
+    pub image: PathBuf,
+    pub image_gib: u64,
+    pub loop_device: String,
+    pub mount: PathBuf,
+    pub blkio_cgroup: PathBuf,
+    /// A volume an earlier run kept (`--keep-volume`) was found and used.
+    pub reused: bool,
+    /// This run leaves it in place.
+    pub kept: bool,
+}
+
+/// A mounted, throttled volume; taken down when dropped unless kept.
+#[derive(Debug)]
+pub struct SlowVolume {
+    pub info: VolumeInfo,
+    /// The blkio group this process was in before it entered the volume's.
+    left_from: std::sync::Mutex<Option<PathBuf>>,
+}
+
+impl SlowVolume {
+    /// Brings the volume of `preset` up (or finds a kept one), with its throttle set.
+    pub fn up(preset: &VolumePreset, keep: bool) -> anyhow::Result<SlowVolume> {
+        check_prerequisites()?;
+        let tag = preset.tag();
+        let image = PathBuf::from(format!("/var/tmp/{tag}.img"));
+        let mount = PathBuf::from(format!("/mnt/{tag}"));
+        let cgroup = Path::new(BLKIO_ROOT).join(&tag);
+        let existing = loop_device_of(&image)?;
+        let reused = existing.is_some() && is_mount_point(&mount);
+        let loop_device = match existing {
+            Some(dev) if reused => dev,
+            stale => {
+                // A run that died half-way left parts behind: start again from nothing.
+                if let Some(dev) = stale {
+                    run("losetup", &["-d", &dev])?;
+                }
+                eprintln!(
+                    "making the slow volume: {IMAGE_GIB} GiB sparse image {}, ext4 on a loop device, mounted at {}",
+                    image.display(),
+                    mount.display()
+                );
+                let _ = std::fs::remove_file(&image);
+                std::fs::File::create(&image)
+                    .and_then(|f| f.set_len(IMAGE_GIB << 30))
+                    .with_context(|| format!("creating {}", image.display()))?;
+                run("mkfs.ext4", &["-q", "-F", &path_str(&image)])?;
+                let dev = run(
+                    "losetup",
+                    &["-f", "--show", "--direct-io=on", &path_str(&image)],
+                )?;
+                std::fs::create_dir_all(&mount)?;
+                // No background zeroing of inode tables: it would write to the volume during
+                // the timed runs.
+                run("mount", &["-o", "noinit_itable", &dev, &path_str(&mount)])?;
+                dev
+            }
+        };
+        let volume = SlowVolume {
+            info: VolumeInfo {
+                description: preset.description(),
+                read_iops: preset.read_iops,
+                read_mib_s: preset.read_mib_s,
+                image,
+                image_gib: IMAGE_GIB,
+                loop_device,
+                mount,
+                blkio_cgroup: cgroup,
+                reused,
+                kept: keep,
+            },
+            left_from: std::sync::Mutex::new(None),
+        };
+        volume.set_throttle()?;
+        if reused {
+            eprintln!(
+                "reusing the slow volume kept at {}",
+                volume.info.mount.display()
+            );
+        }
+        Ok(volume)
+    }
+
+    /// Makes the blkio group (if missing) and caps its reads from the loop device (a kept
+    /// volume's earlier caps are replaced: 0 removes one).
+    fn set_throttle(&self) -> anyhow::Result<()> {
+        let cg = &self.info.blkio_cgroup;
+        std::fs::create_dir_all(cg)
+            .with_context(|| format!("creating the blkio cgroup {}", cg.display()))?;
+        let dev_name = self.info.loop_device.trim_start_matches("/dev/");
+        let majmin = std::fs::read_to_string(format!("/sys/block/{dev_name}/dev"))
+            .with_context(|| format!("reading the device number of {dev_name}"))?;
+        let bytes_per_s = self.info.read_mib_s.map_or(0, |b| u64::from(b) << 20);
+        for (file, limit) in [
+            (
+                "blkio.throttle.read_iops_device",
+                u64::from(self.info.read_iops),
+            ),
+            ("blkio.throttle.read_bps_device", bytes_per_s),
+        ] {
+            let rule = format!("{} {limit}", majmin.trim());
+            std::fs::write(cg.join(file), &rule)
+                .with_context(|| format!("setting {file} to {rule:?} in {}", cg.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Moves this process (and so every process it starts from now on) into the volume's blkio
+    /// group. Idempotent.
+    pub fn enter(&self) -> anyhow::Result<()> {
+        let mut left_from = self.left_from.lock().unwrap_or_else(|e| e.into_inner());
+        if left_from.is_some() {
+            return Ok(());
+        }
+        let current = own_blkio_cgroup().unwrap_or_else(|| PathBuf::from(BLKIO_ROOT));
+        join(&self.info.blkio_cgroup)?;
+        *left_from = Some(current);
+        Ok(())
+    }
+
+    /// Leaves the group again and, unless kept, unmounts and removes everything it made.
+    fn down(&mut self) -> anyhow::Result<()> {
+        if let Some(previous) = self.left_from.lock().map(|mut g| g.take()).ok().flatten() {
+            join(&previous)?;
+        }
+        if self.info.kept {
+            eprintln!(
+                "slow volume kept at {} (a later run with --data-device slowvol:{} reuses it; remove it with `umount {}; losetup -d {}; rm {}`)",
+                self.info.mount.display(),
+                self.info.read_iops,
+                self.info.mount.display(),
+                self.info.loop_device,
+                self.info.image.display()
+            );
+            return Ok(());
+        }
+        run("umount", &[&path_str(&self.info.mount)])?;
+        run("losetup", &["-d", &self.info.loop_device])?;
+        std::fs::remove_file(&self.info.image)?;
+        let _ = std::fs::remove_dir(&self.info.mount);
+        // Fails while a process is still in it (a child that outlived us): left for a later run.
+        if let Err(e) = std::fs::remove_dir(&self.info.blkio_cgroup) {
+            eprintln!(
+                "warning: cannot remove {}: {e}",
+                self.info.blkio_cgroup.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SlowVolume {
+    fn drop(&mut self) {
+        if let Err(e) = self.down() {
+            eprintln!(
+                "warning: taking the slow volume at {} down: {e:#}",
+                self.info.mount.display()
+            );
+        }
+    }
+}
+
+/// Root, the blkio controller and loop devices, or an error naming what is missing.
+pub fn check_prerequisites() -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions and touches no memory.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the slow volume (--data-device slowvol:...) needs root: it mounts a loop device and sets a blkio throttle");
+    }
+    if !Path::new(BLKIO_ROOT)
+        .join("blkio.throttle.read_iops_device")
+        .exists()
+    {
+        bail!("the slow volume needs the cgroup v1 blkio controller at {BLKIO_ROOT}, which is missing");
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        bail!("the slow volume needs loop devices (/dev/loop-control is missing)");
+    }
+    for tool in ["losetup", "mkfs.ext4", "mount", "umount"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            bail!("the slow volume needs {tool}, which is not installed");
+        }
+    }
+    Ok(())
+}
+
+/// Runs `program` with `args`; its trimmed stdout, or an error with its stderr.
+fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {program}"))?;
+    if !out.status.success() {
+        bail!(
+            "{program} {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn path_str(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// The loop device backed by `image`, if one is.
+fn loop_device_of(image: &Path) -> anyhow::Result<Option<String>> {
+    if !image.exists() {
+        return Ok(None);
+    }
+    let out = run("losetup", &["-j", &path_str(image), "-O", "NAME", "-n"])?;
+    Ok(out.lines().next().map(|l| l.trim().to_string()))
+}
+
+fn is_mount_point(dir: &Path) -> bool {
+    let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else {
+        return false;
+    };
+    let dir = path_str(dir);
+    mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(dir.as_str()))
+}
+
+/// This process's blkio group (from /proc/self/cgroup), as a directory under the controller.
+pub fn own_blkio_cgroup() -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "blkio")
+            .then(|| Path::new(BLKIO_ROOT).join(path.trim_start_matches('/')))
+    })
+}
+
+fn join(cgroup: &Path) -> anyhow::Result<()> {
+    std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string())
+        .with_context(|| format!("moving this process into {}", cgroup.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_name_their_read_iops() {
+        let p = |s| {
+            let p = VolumePreset::parse(s).unwrap().unwrap();
+            (p.read_iops, p.read_mib_s)
+        };
+        assert_eq!(p("slowvol:hdd"), (150, Some(200)));
+        assert_eq!(p("slowvol:gp3"), (3000, Some(125)));
+        assert_eq!(p("slowvol:420"), (420, None));
+        assert_eq!(p("slowvol:420:60"), (420, Some(60)));
+        let describe = |s| VolumePreset::parse(s).unwrap().unwrap().description();
+        assert_eq!(
+            describe("slowvol:hdd"),
+            "kernel-throttled loop volume, 150 read IOPS, 200 MiB/s (cgroup v1 blkio)"
+        );
+        assert_eq!(
+            describe("slowvol:80"),
+            "kernel-throttled loop volume, 80 read IOPS (cgroup v1 blkio)"
+        );
+    }
+
+    #[test]
+    fn other_devices_are_not_slow_volumes() {
+        assert_eq!(VolumePreset::parse("emulated:hdd").unwrap(), None);
+        assert_eq!(VolumePreset::parse("real").unwrap(), None);
+    }
+
+    #[test]
+    fn bad_presets_are_refused_with_the_choices() {
+        for bad in [
+            "slowvol:",
+            "slowvol:0",
+            "slowvol:fast",
+            "slowvol:-5",
+            "slowvol:1.5",
+            "slowvol:100:0",
+            "slowvol:100:",
+            "slowvol::100",
+            "slowvol:hdd:100",
+        ] {
+            let e = VolumePreset::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(bad) && e.contains("slowvol:hdd"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_same_iops_finds_the_same_volume() {
+        let a = VolumePreset::parse("slowvol:hdd").unwrap().unwrap();
+        let b = VolumePreset::parse("slowvol:150").unwrap().unwrap();
+        assert_eq!(a.tag(), b.tag());
+    }
+
+    /// Root only: makes a small-IOPS volume, writes a file, checks the throttle is set, and
+    /// takes it down.
+    #[test]
+    fn volume_comes_up_and_goes_away() {
+        if let Err(why) = check_prerequisites() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let preset = VolumePreset::parse("slowvol:77:5").unwrap().unwrap();
+        let v = SlowVolume::up(&preset, false).unwrap();
+        let info = v.info.clone();
+        assert!(is_mount_point(&info.mount));
+        std::fs::write(info.mount.join("probe"), b"x").unwrap();
+        let rule =
+            std::fs::read_to_string(info.blkio_cgroup.join("blkio.throttle.read_iops_device"))
+                .unwrap();
+        assert!(rule.trim().ends_with(" 77"), "{rule}");
+        let bps = std::fs::read_to_string(info.blkio_cgroup.join("blkio.throttle.read_bps_device"))
+            .unwrap();
+        assert!(bps.trim().ends_with(&format!(" {}", 5 << 20)), "{bps}");
+        drop(v);
+        assert!(!is_mount_point(&info.mount));
+        assert!(!info.image.exists());
+        assert!(!info.blkio_cgroup.exists());
+        assert_eq!(loop_device_of(&info.image).unwrap(), None);
+    }
+}

@@ -1,0 +1,89 @@
+//! End to end, root only: `bpe-bench lookup` on a kernel-throttled slow volume it makes itself
+//! prints stock SQLite beside bpe, runs every configuration under the volume's throttle, names
+//! the device in its results and removes the volume. Skips itself (with a message) where the
+//! machine cannot make the volume.
+
+use std::process::Command;
+
+/// Root, loop devices and the blkio controller, as the benchmark needs them.
+fn missing_prerequisite() -> Option<&'static str> {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !root {
+        return Some("not root");
+    }
+    if !std::path::Path::new("/sys/fs/cgroup/blkio/blkio.throttle.read_iops_device").exists() {
+        return Some("no cgroup v1 blkio controller");
+    }
+    if !std::path::Path::new("/dev/loop-control").exists() {
+        return Some("no loop devices");
+    }
+    None
+}
+
+#[test]
+fn lookup_on_a_slow_volume_runs_stock_beside_bpe_under_the_throttle() {
+    if let Some(why) = missing_prerequisite() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("bench-slowvol")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let json = dir.path().join("lookup.json");
+    // An IOPS figure of its own, so that it never meets a volume another run keeps.
+    let device = "slowvol:1931";
+    let out = Command::new(env!("CARGO_BIN_EXE_bpe-bench"))
+        .current_dir(dir.path())
+        .args([
+            "lookup",
+            "--quick",
+            "--data-device",
+            device,
+            "--rows",
+            "4000",
+            "--lookups",
+            "200",
+            "--memory-mb",
+            "2",
+            "--extension-mb",
+            "64",
+            "--reference-mib",
+            "16",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let description = "kernel-throttled loop volume, 1931 read IOPS (cgroup v1 blkio)";
+    assert!(stdout.contains(description), "{stdout}");
+    for stock in [
+        "stock_ram_resident",
+        "stock_limited_memory",
+        "stock_limited_memory_zipf",
+    ] {
+        assert!(stdout.contains(stock), "{stock} not printed: {stdout}");
+    }
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let volume = &v["storage"]["data_volume"];
+    assert_eq!(volume["description"], description);
+    assert_eq!(v["configs"].as_array().unwrap().len(), 10);
+    for c in v["configs"].as_array().unwrap() {
+        // Every configuration's process, stock and bpe alike, ran in the volume's blkio group.
+        assert_eq!(c["details"]["blkio_cgroup"], volume["blkio_cgroup"], "{c}");
+    }
+    // Taken down at the end: no mount, no image, no group.
+    for path in ["mount", "image", "blkio_cgroup"] {
+        let p = volume[path].as_str().unwrap();
+        assert!(!std::path::Path::new(p).exists(), "{p} is still there");
+    }
+}
