@@ -114,8 +114,9 @@ pub struct LookupArgs {
     pub journal: crate::db::Journal,
     /// Memory limit in MB of the cgroup (v1 memory controller) that `stock_limited_memory` and
     /// `stock_limited_memory_zipf` run in: SQLite's page cache of --memory-mb, the process and
-    /// the OS page cache of the data file together (default 3 x --memory-mb;
-    /// stock_ram_resident's is 3 x its memory).
+    /// the OS page cache of the data file together (default 2 x --memory-mb +
+    /// 16: the OS page cache held to the page cache's budget; stock_ram_resident's is the same
+    /// rule on its memory).
     #[arg(long, value_name = "MB")]
     pub cgroup_mb: Option<u64>,
 }
@@ -154,7 +155,8 @@ pub struct ScanArgs {
     pub extension_mb: Option<u64>,
     /// Memory limit in MB of the cgroup (v1 memory controller) that `stock_limited_memory` runs
     /// in: SQLite's page cache of --memory-mb, the process and the OS page cache of the data
-    /// file together (default 3 x --memory-mb; stock_cold's is 3 x its memory).
+    /// file together (default 2 x --memory-mb + 16: the OS page cache held to the page
+    /// cache's budget; stock_cold's and stock_warm's are the same rule on their memory).
     #[arg(long, value_name = "MB")]
     pub cgroup_mb: Option<u64>,
 }
@@ -177,7 +179,8 @@ pub struct OltpArgs {
     pub items: Option<u32>,
     /// Memory limit in MB of the cgroup (v1 memory controller) each stock_* configuration runs
     /// in: SQLite's page cache, the process and the OS page cache of the database and its WAL
-    /// together (default 3 x the configuration's memory).
+    /// together (default 2 x the configuration's memory + 16: the OS page cache held to the
+    /// page cache's budget).
     #[arg(long, value_name = "MB")]
     pub cgroup_mb: Option<u64>,
 }
@@ -198,7 +201,8 @@ pub struct DwArgs {
     pub queries: Option<Vec<u32>>,
     /// Memory limit in MB of the cgroup (v1 memory controller) each stock_* configuration runs
     /// in: SQLite's page cache, the process and the OS page cache of the database together
-    /// (default 3 x the configuration's memory).
+    /// (default 2 x the configuration's memory + 16: the OS page cache held to the page
+    /// cache's budget).
     #[arg(long, value_name = "MB")]
     pub cgroup_mb: Option<u64>,
 }

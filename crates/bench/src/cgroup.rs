@@ -13,11 +13,18 @@ use std::path::{Path, PathBuf};
 
 const ROOT: &str = "/sys/fs/cgroup/memory";
 
-/// A stock configuration's memory cgroup holds this many times its memory budget (the oltp and
-/// dw default, as lookup's): SQLite's page cache takes one, the process and the OS page cache
-/// of the database and its WAL share the rest. Generous to stock SQLite on purpose (its OS page
-/// cache alone may hold twice what bpe keeps in RAM), so that bpe's lead is not a starved rival.
-pub const STOCK_BUDGET_TIMES_MEMORY: u64 = 3;
+/// Room in a stock configuration's memory cgroup for the process itself (heap, stacks, the
+/// benchmark's own state), MB.
+pub const STOCK_PROCESS_ALLOWANCE_MB: u64 = 16;
+
+/// The memory cgroup of a stock configuration with a memory budget of `memory_mb` (every
+/// benchmark's default; `--cgroup-mb` overrides it): SQLite's page cache of `memory_mb`, the OS
+/// page cache held to the same budget (issue 13: "the OS page cache held to the same budget"),
+/// and [`STOCK_PROCESS_ALLOWANCE_MB`] for the process. Stock SQLite thus keeps up to twice
+/// what bpe keeps in RAM (its pages may sit in both caches).
+pub fn stock_budget_mb(memory_mb: u64) -> u64 {
+    2 * memory_mb + STOCK_PROCESS_ALLOWANCE_MB
+}
 
 /// A memory limit for one configuration's process: a cgroup made for it (removed when
 /// dropped), or why there is none.

@@ -203,7 +203,7 @@ pub struct Plan {
     pub configs: Option<Vec<String>>,
     /// Journal mode of the timed runs.
     pub journal: Journal,
-    /// Memory limit of stock_limited_memory's cgroup, MB; None: three times `memory_mb`.
+    /// Memory limit of stock_limited_memory's cgroup, MB; None: [`crate::cgroup::stock_budget_mb`].
     pub cgroup_mb: Option<u64>,
     /// Load the table again even if a complete one is there.
     pub reload: bool,
@@ -294,8 +294,10 @@ pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
     // Half the database, or what the core accepts: at least its minimum and more than max
     // server memory (SQL Server's rule).
     let half_extension_mb = (size_mb / 2).max(min_extension_mb).max(memory_mb + 1);
-    let cgroup_mb = plan.cgroup_mb.unwrap_or(memory_mb * 3);
-    let enough_cgroup_mb = enough_mb * 3;
+    let cgroup_mb = plan
+        .cgroup_mb
+        .unwrap_or(crate::cgroup::stock_budget_mb(memory_mb));
+    let enough_cgroup_mb = crate::cgroup::stock_budget_mb(enough_mb);
     let fast_db = storage.on_fast_disk("lookup", &db_path, plan.reload)?;
     let reference = reference::of(storage, plan.reference_mib)?;
     let mut report = BenchReport::new("lookup", storage.clone(), reference);

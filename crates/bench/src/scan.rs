@@ -7,10 +7,10 @@
 use crate::args::selected;
 use crate::args::ScanArgs;
 use crate::child::{start, Runner};
-use crate::db;
 use crate::reference::measure_reference;
 use crate::report::{fmt_duration, print_configs, print_storage, ratio, BenchReport, ConfigResult};
 use crate::storage::{db_bytes, load_once, Storage};
+use crate::{cgroup, db};
 use crate::{progress, reference};
 use anyhow::Context;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -183,8 +183,8 @@ pub fn run(a: &ScanArgs) -> anyhow::Result<BenchReport> {
         let results = match child.stock {
             true => {
                 let cgroup_mb = match child.memory {
-                    Mem::Limited => a.cgroup_mb.unwrap_or(memory * 3),
-                    Mem::Enough => memory * 3,
+                    Mem::Limited => a.cgroup_mb.unwrap_or(cgroup::stock_budget_mb(memory)),
+                    Mem::Enough => cgroup::stock_budget_mb(memory),
                 };
                 runner.run_stock(setup, scans, memory, cgroup_mb)?
             }

@@ -69,10 +69,7 @@ pub fn run(a: &OltpArgs) -> anyhow::Result<BenchReport> {
     let db_mb = (db_bytes(&base) >> 20).max(1);
     let reference = measure_reference(c, &storage)?;
     let mut report = BenchReport::new("oltp", storage.clone(), reference);
-    let cgroup_mb = |memory_mb: u64| {
-        a.cgroup_mb
-            .unwrap_or(memory_mb * cgroup::STOCK_BUDGET_TIMES_MEMORY)
-    };
+    let cgroup_mb = |memory_mb: u64| a.cgroup_mb.unwrap_or(cgroup::stock_budget_mb(memory_mb));
     report.parameters = json!({
         "warehouses": warehouses, "items": items, "terminals": a.terminals, "seconds": seconds,
         "database_mb": db_mb,

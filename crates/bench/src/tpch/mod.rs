@@ -152,10 +152,7 @@ pub fn run(a: &DwArgs) -> anyhow::Result<BenchReport> {
     let memory_mb = (db_mb * a.memory_percent / 100).max(8);
     let extension_mb = (db_mb * 2).max(memory_mb * 2).max(64);
     let fits_mb = db_mb * 5 / 4 + 16;
-    let cgroup_mb = |memory_mb: u64| {
-        a.cgroup_mb
-            .unwrap_or(memory_mb * cgroup::STOCK_BUDGET_TIMES_MEMORY)
-    };
+    let cgroup_mb = |memory_mb: u64| a.cgroup_mb.unwrap_or(cgroup::stock_budget_mb(memory_mb));
     let reference = measure_reference(c, &storage)?;
     let mut report = BenchReport::new("dw", storage.clone(), reference);
     report.parameters = json!({
