@@ -15,6 +15,7 @@ mod admin;
 mod data_path;
 mod lifecycle;
 mod observe;
+mod prefetch;
 
 pub use admin::{check_extension_size, check_max_memory, effective_extension_size, Settings};
 pub use data_path::{PageRead, Via};
@@ -58,6 +59,8 @@ pub struct Engine {
     epoch: Instant,
     tracing: AtomicBool,
     trace: Mutex<Vec<PageKey>>,
+    /// The background readahead thread's queue, once a scan started it (see `prefetch.rs`).
+    prefetcher: Mutex<Option<crate::sync::channel::Sender<prefetch::Job>>>,
     me: Weak<Engine>,
 }
 
@@ -79,6 +82,7 @@ impl Engine {
             epoch: Instant::now(),
             tracing: AtomicBool::new(false),
             trace: Mutex::new(Rank::Leaf, Vec::new()),
+            prefetcher: Mutex::new(Rank::Leaf, None),
             me: me.clone(),
             config,
         })
