@@ -176,7 +176,7 @@ impl Engine {
 
     /// On a sequential run of L2 hits, loads the pages after `key` that L2 holds in the slots
     /// after its own, in one request, as prefetched frames.
-    pub(super) fn extension_readahead(
+    fn extension_readahead(
         &self,
         file: &FileHandle,
         ext: &Arc<Extension>,
@@ -184,10 +184,29 @@ impl Engine {
         page_size: usize,
     ) {
         let started = Instant::now();
+        let tickets = self.readahead_tickets(key, page_size);
+        self.fetch_run(file, ext, key, tickets, started);
+    }
+
+    /// Loader tickets for the window after `key`, up to the first page cached or in flight.
+    pub(super) fn readahead_tickets(&self, key: PageKey, page_size: usize) -> Vec<Ticket> {
         let window = super::prefetch::window_pages(page_size);
-        let tickets: Vec<Ticket> = (key.page + 1..key.page + window)
+        (key.page + 1..key.page + window)
             .map_while(|page| self.pool.try_prefetch(PageKey::new(key.file, page)))
-            .collect();
+            .collect()
+    }
+
+    /// Loads the pages of `tickets` (the pages right after `key`) from the slots after `key`'s
+    /// in one request; every ticket is finished or aborted.
+    pub(super) fn fetch_run(
+        &self,
+        file: &FileHandle,
+        ext: &Arc<Extension>,
+        key: PageKey,
+        tickets: Vec<Ticket>,
+        started: Instant,
+    ) {
+        let page_size = file.page_size();
         let keys: Vec<PageKey> = tickets.iter().map(|t| t.key).collect();
         let run = ext.read_run(key, &keys, page_size);
         let verified = run.as_ref().map_or(0, |r| r.len);

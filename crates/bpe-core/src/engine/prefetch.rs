@@ -14,17 +14,23 @@ use super::Engine;
 use crate::config::{READAHEAD_BYTES, READAHEAD_TRIGGER};
 use crate::files::FileHandle;
 use crate::page::PageKey;
+use crate::pool::Ticket;
 use crate::sync::channel::{bounded, Receiver, RecvTimeoutError};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Weak;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Windows queued at most; more would be read after the reader needed them.
 const QUEUE: usize = 4;
 
-/// Read the window after `after` (the last page fetched so far) of `file`.
+/// Read the window after `after` (the last page fetched so far) of `file`: the pages of
+/// `tickets`, taken by the reader that queued the job, so that it waits for them when it gets
+/// there first instead of reading them itself. Every ticket is finished or aborted.
 pub(super) struct Job {
     file: FileHandle,
     after: PageKey,
+    tickets: Vec<Ticket>,
+    queued: Instant,
 }
 
 /// Pages in one readahead window of a file of `page_size` pages.
@@ -39,22 +45,48 @@ impl Engine {
         let Some(last) = file.extension_readahead.async_trigger(key.page, window) else {
             return;
         };
+        let after = PageKey::new(key.file, last);
+        let tickets = self.readahead_tickets(after, file.page_size());
+        if tickets.is_empty() {
+            return;
+        }
         let job = Job {
             file: file.clone(),
-            after: PageKey::new(key.file, last),
+            after,
+            tickets,
+            queued: Instant::now(),
         };
         let mut queue = self.prefetcher.lock();
         if queue.is_none() {
             let (tx, rx) = bounded(QUEUE);
             let engine = self.me.clone();
-            if crate::sync::spawn("bpe-readahead", move || run(engine, rx)).is_err() {
-                return; // no thread: the foreground readahead goes on serving scans
+            if crate::sync::spawn("bpe-readahead", move || run(engine, rx)).is_ok() {
+                *queue = Some(tx);
             }
-            *queue = Some(tx);
         }
-        if let Some(tx) = queue.as_ref() {
-            let _ = tx.try_send(job);
+        self.readahead_jobs.fetch_add(1, Relaxed);
+        let refused = match queue.as_ref() {
+            Some(tx) => tx.try_send(job).err().map(|(_, job)| job),
+            None => Some(job), // no thread: the foreground readahead goes on serving scans
+        };
+        drop(queue);
+        if let Some(job) = refused {
+            job.tickets.into_iter().for_each(|t| self.pool.abort(t));
+            self.readahead_jobs.fetch_sub(1, Relaxed);
         }
+    }
+
+    /// Waits until no background readahead is queued or running (for checks that need the
+    /// engine still: invariants, tests). False on timeout.
+    pub fn wait_for_readahead(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.readahead_jobs.load(Relaxed) > 0 {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            crate::sync::yield_now();
+        }
+        true
     }
 }
 
@@ -69,12 +101,10 @@ fn run(engine: Weak<Engine>, jobs: Receiver<Job>) {
         let Some(engine) = engine.upgrade() else {
             return;
         };
-        // A file that got a new key meanwhile: its old pages are not worth reading.
-        if job.file.key() != job.after.file || !engine.config.readahead {
-            continue;
+        match engine.current_extension() {
+            Some(ext) => engine.fetch_run(&job.file, &ext, job.after, job.tickets, job.queued),
+            None => job.tickets.into_iter().for_each(|t| engine.pool.abort(t)),
         }
-        if let Some(ext) = engine.current_extension() {
-            engine.extension_readahead(&job.file, &ext, job.after, job.file.page_size());
-        }
+        engine.readahead_jobs.fetch_sub(1, Relaxed);
     }
 }
