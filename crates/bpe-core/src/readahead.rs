@@ -24,6 +24,9 @@ pub struct SequentialDetector {
     /// The last miss that did not continue the stream (+1, 0 = none).
     outlier: AtomicU64,
     run: AtomicU32,
+    /// First page (+1, 0 = none) of the last window read ahead: a read of a page in that window
+    /// fetches the next one in the background (see [`SequentialDetector::async_trigger`]).
+    mark: AtomicU64,
 }
 
 impl SequentialDetector {
@@ -61,6 +64,26 @@ impl SequentialDetector {
     pub fn fetched_until(&self, end: u64) {
         self.window_end.store(end, Relaxed);
     }
+
+    /// Records that readahead fetched a window starting at `first`: the first read of a page
+    /// in it asks for the next window (as Linux's PG_readahead mark does), so that the next
+    /// pages are read while the caller works through these.
+    pub fn mark_window(&self, first: u64) {
+        self.mark.store(first + 1, Relaxed);
+    }
+
+    /// Called on a hit of `page`: if it lies in the marked window of `window` pages, clears the
+    /// mark (one trigger per window) and returns the last page fetched so far, after which the
+    /// next window starts.
+    pub fn async_trigger(&self, page: u64, window: u64) -> Option<u64> {
+        let mark = self.mark.load(Relaxed);
+        let first = mark.checked_sub(1)?;
+        if page < first || page - first >= window {
+            return None;
+        }
+        self.mark.compare_exchange(mark, 0, Relaxed, Relaxed).ok()?;
+        self.window_end.load(Relaxed).checked_sub(1)
+    }
 }
 
 #[cfg(test)]
@@ -81,6 +104,22 @@ mod tests {
         let r = SequentialDetector::default();
         let random = [5000, 120, 9000, 40, 7000, 3000, 60000, 800];
         assert!(misses(&r, &random).iter().all(|&ra| !ra));
+    }
+
+    #[test]
+    fn a_marked_window_triggers_once_on_a_read_inside_it() {
+        let d = SequentialDetector::default();
+        assert_eq!(d.async_trigger(10, 64), None, "nothing marked yet");
+        d.fetched_until(74);
+        d.mark_window(10);
+        assert_eq!(d.async_trigger(9, 64), None, "before the window");
+        assert_eq!(d.async_trigger(74, 64), None, "past the window");
+        assert_eq!(
+            d.async_trigger(11, 64),
+            Some(73),
+            "inside: the next window follows 73"
+        );
+        assert_eq!(d.async_trigger(12, 64), None, "one trigger per window");
     }
 
     #[test]

@@ -468,6 +468,14 @@ pub fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<(
         .map(drop);
 }
 
+/// Lets other threads run (for waits that poll).
+pub fn yield_now() {
+    #[cfg(not(feature = "shuttle"))]
+    std::thread::yield_now();
+    #[cfg(feature = "shuttle")]
+    shuttle::thread::yield_now();
+}
+
 #[cfg(all(test, debug_assertions))]
 mod tests {
     use super::*;

@@ -431,3 +431,49 @@ fn a_scan_served_by_the_extension_reads_consecutive_slots_ahead() {
     let ext_reads = engine.counters().ext_page_reads - reads_before;
     assert!(ext_reads >= 480, "{ext_reads} pages came from L2");
 }
+
+#[test]
+fn reading_a_page_read_ahead_from_the_extension_fetches_the_next_window_in_the_background() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 600, PAGE);
+    let engine = engine(1 << 20); // ~250 pages of RAM: room for three windows of 63
+    let f = engine.open_file(&path, PAGE).unwrap();
+    engine
+        .enable_extension(&dir.path().join("ext.bpe"), 8 << 20)
+        .unwrap();
+    for p in 0..600 {
+        read(&engine, &f, p);
+    }
+    assert!(engine.wait_for_extension_writes(WAIT));
+    // The scan's later pages filled RAM: its first windows are in L2 only.
+    let resident = |page: u64| {
+        let l1 = |d: &bpe_core::BufferDescriptor| d.tier == Tier::Memory && d.page == page;
+        engine.descriptors().iter().any(l1)
+    };
+    // Pages 0-2 arm the stream; page 2's L2 hit reads 3..=65 ahead in the foreground.
+    for p in 0..3 {
+        assert_eq!(read(&engine, &f, p).1, Tier::Extension);
+    }
+    let state = |pages: &[u64]| pages.iter().map(|&p| resident(p)).collect::<Vec<_>>();
+    assert_eq!(state(&[3, 65, 66, 128]), [true, true, false, false]);
+    // The first read of that window queues the next one (66..=128) for the background thread.
+    let before = engine.counters();
+    assert_eq!(read(&engine, &f, 3).1, Tier::Memory);
+    let deadline = std::time::Instant::now() + WAIT;
+    while !resident(128) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the window after the one being read never arrived"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let after = engine.counters();
+    assert_eq!(after.ext_page_reads - before.ext_page_reads, 63);
+    // The scan goes on through both windows without a read of its own.
+    for p in 4..=128 {
+        let (bytes, tier) = read(&engine, &f, p);
+        assert_eq!(decode(&bytes), Some((p, 0)));
+        assert_eq!(tier, Tier::Memory, "page {p}");
+    }
+    engine.check_invariants();
+}

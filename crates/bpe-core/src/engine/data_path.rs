@@ -35,6 +35,16 @@ pub struct PageRead {
 #[derive(Clone, Copy)]
 pub struct Via<'a>(pub Option<&'a dyn DataDevice>);
 
+/// Pages a data-file readahead read after the one asked for, to install after it.
+struct ReadAhead {
+    /// The whole request: the page asked for, then one page per ticket.
+    chunk: Vec<u8>,
+    /// Bytes of `chunk` that the file had.
+    got: usize,
+    tickets: Vec<Option<Ticket>>,
+    started: Instant,
+}
+
 impl Engine {
     /// Reads page `page` of `file` into `buf` (exactly one page).
     pub fn read_page(&self, file: &FileHandle, page: u64, buf: &mut [u8]) -> Result<PageRead> {
@@ -67,6 +77,9 @@ impl Engine {
                     frame.touch(self.now_ms());
                     buf.copy_from_slice(&frame.data);
                     self.counters.l1_hits.bump();
+                    if self.config.readahead {
+                        self.read_ahead_in_background(file, key);
+                    }
                     return Ok(PageRead {
                         tier: Tier::Memory,
                         len: page_size,
@@ -108,8 +121,8 @@ impl Engine {
                     }));
             }
         }
-        let len = match self.read_data_file(file, key, buf, via) {
-            Ok(n) => n,
+        let (len, ahead) = match self.read_data_file(file, key, buf, via) {
+            Ok(read) => read,
             Err(e) => {
                 self.pool.abort(ticket);
                 return Err(e);
@@ -122,13 +135,43 @@ impl Engine {
         if len < buf.len() {
             // Past end of file: report it, cache nothing.
             self.pool.abort(ticket);
+            if let Some(ahead) = ahead {
+                self.install_read_ahead(file, ahead);
+            }
             return Ok(Some(read));
         }
         let frame = self.frame(file, key, buf, started, false);
-        Ok(self
+        let installed = self
             .pool
-            .finish_load(ticket, frame, LoadSource::DataFile, self)
-            .then_some(read))
+            .finish_load(ticket, frame, LoadSource::DataFile, self);
+        // After the page asked for: pages reach L2 in the order they are installed, and a
+        // later scan served by L2 reads ahead only through consecutive slots.
+        if let Some(ahead) = ahead {
+            self.install_read_ahead(file, ahead);
+        }
+        Ok(installed.then_some(read))
+    }
+
+    /// Installs the pages a data-file readahead brought after the one asked for.
+    fn install_read_ahead(&self, file: &FileHandle, ahead: ReadAhead) {
+        let page_size = file.page_size();
+        let mut fetched = 0;
+        for (i, ticket) in ahead.tickets.into_iter().enumerate() {
+            let Some(ticket) = ticket else {
+                continue; // cached already: these bytes were read only to keep the request whole
+            };
+            let part = &ahead.chunk[(i + 1) * page_size..(i + 2) * page_size];
+            if (i + 2) * page_size <= ahead.got {
+                let frame = self.frame(file, ticket.key, part, ahead.started, true);
+                self.pool
+                    .finish_load(ticket, frame, LoadSource::DataFile, self);
+                fetched += 1;
+            } else {
+                self.pool.abort(ticket);
+            }
+        }
+        self.counters.page_reads.fetch_add(fetched, Relaxed);
+        self.counters.readahead_pages.fetch_add(fetched, Relaxed);
     }
 
     /// On a sequential run of L2 hits, loads the pages after `key` that L2 holds in the slots
@@ -141,10 +184,29 @@ impl Engine {
         page_size: usize,
     ) {
         let started = Instant::now();
-        let window = (READAHEAD_BYTES / page_size).max(READAHEAD_TRIGGER as usize) as u64;
-        let tickets: Vec<Ticket> = (key.page + 1..key.page + window)
+        let tickets = self.readahead_tickets(key, page_size);
+        self.fetch_run(file, ext, key, tickets, started);
+    }
+
+    /// Loader tickets for the window after `key`, up to the first page cached or in flight.
+    pub(super) fn readahead_tickets(&self, key: PageKey, page_size: usize) -> Vec<Ticket> {
+        let window = super::prefetch::window_pages(page_size);
+        (key.page + 1..key.page + window)
             .map_while(|page| self.pool.try_prefetch(PageKey::new(key.file, page)))
-            .collect();
+            .collect()
+    }
+
+    /// Loads the pages of `tickets` (the pages right after `key`) from the slots after `key`'s
+    /// in one request; every ticket is finished or aborted.
+    pub(super) fn fetch_run(
+        &self,
+        file: &FileHandle,
+        ext: &Arc<Extension>,
+        key: PageKey,
+        tickets: Vec<Ticket>,
+        started: Instant,
+    ) {
+        let page_size = file.page_size();
         let keys: Vec<PageKey> = tickets.iter().map(|t| t.key).collect();
         let run = ext.read_run(key, &keys, page_size);
         let verified = run.as_ref().map_or(0, |r| r.len);
@@ -162,6 +224,10 @@ impl Engine {
         }
         file.extension_readahead
             .fetched_until(key.page + 1 + fetched);
+        if fetched > 0 {
+            // Reading this window will fetch the next one in the background.
+            file.extension_readahead.mark_window(key.page + 1);
+        }
     }
 
     /// A frame for L1, its bytes still in `data` (the pool copies them into its slab).
@@ -218,14 +284,14 @@ impl Engine {
     }
 
     /// Reads a page from the data file; on a sequential run, also the pages after it in one
-    /// larger read, installed in L1 as prefetched.
+    /// larger read, returned for [`Engine::install_read_ahead`] once the page itself is in.
     fn read_data_file(
         &self,
         file: &FileHandle,
         key: PageKey,
         buf: &mut [u8],
         via: Via<'_>,
-    ) -> Result<usize> {
+    ) -> Result<(usize, Option<ReadAhead>)> {
         let page_size = buf.len();
         let offset = key.page * page_size as u64;
         let sequential = self.config.readahead && file.readahead.on_miss(key.page);
@@ -237,7 +303,7 @@ impl Engine {
         if tickets.is_empty() {
             let n = self.device_read(file, via, offset, buf)?;
             Counters::bump(&self.counters.page_reads);
-            return Ok(n);
+            return Ok((n, None));
         }
         let started = Instant::now();
         let mut chunk = vec![0u8; page_size * (1 + tickets.len())];
@@ -252,26 +318,16 @@ impl Engine {
             }
         };
         buf.copy_from_slice(&chunk[..page_size]);
-        let mut fetched = 0;
-        for (i, ticket) in tickets.into_iter().enumerate() {
-            let Some(ticket) = ticket else {
-                continue; // cached already: these bytes were read only to keep the request whole
-            };
-            let part = &chunk[(i + 1) * page_size..(i + 2) * page_size];
-            if (i + 2) * page_size <= got {
-                let frame = self.frame(file, ticket.key, part, started, true);
-                self.pool
-                    .finish_load(ticket, frame, LoadSource::DataFile, self);
-                fetched += 1;
-            } else {
-                self.pool.abort(ticket);
-            }
-        }
-        self.counters.page_reads.fetch_add(1 + fetched, Relaxed);
-        self.counters.readahead_pages.fetch_add(fetched, Relaxed);
+        Counters::bump(&self.counters.page_reads);
         file.readahead
             .fetched_until(key.page + got.div_ceil(page_size) as u64);
-        Ok(got.min(page_size))
+        let ahead = ReadAhead {
+            chunk,
+            got,
+            tickets,
+            started,
+        };
+        Ok((got.min(page_size), Some(ahead)))
     }
 
     /// Loader tickets for the pages after `key` within the readahead window and the file, one

@@ -15,6 +15,7 @@ mod admin;
 mod data_path;
 mod lifecycle;
 mod observe;
+mod prefetch;
 
 pub use admin::{check_extension_size, check_max_memory, effective_extension_size, Settings};
 pub use data_path::{PageRead, Via};
@@ -31,7 +32,9 @@ use crate::pool::{BufferPool, EvictionSink, Frame};
 use crate::sync::{Mutex, Rank, RwLock};
 use crate::Result;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed,
+};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -58,6 +61,10 @@ pub struct Engine {
     epoch: Instant,
     tracing: AtomicBool,
     trace: Mutex<Vec<PageKey>>,
+    /// The background readahead thread's queue, once a scan started it (see `prefetch.rs`).
+    prefetcher: Mutex<Option<crate::sync::channel::Sender<prefetch::Job>>>,
+    /// Background readahead jobs queued or running.
+    readahead_jobs: AtomicUsize,
     me: Weak<Engine>,
 }
 
@@ -79,6 +86,8 @@ impl Engine {
             epoch: Instant::now(),
             tracing: AtomicBool::new(false),
             trace: Mutex::new(Rank::Leaf, Vec::new()),
+            prefetcher: Mutex::new(Rank::Leaf, None),
+            readahead_jobs: AtomicUsize::new(0),
             me: me.clone(),
             config,
         })

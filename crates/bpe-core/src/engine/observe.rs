@@ -103,7 +103,12 @@ impl Engine {
     }
 
     /// Asserts the engine's invariants (tests and soak runs): the memory bound and the accounting.
+    /// The caller's threads are quiet; the background readahead is waited for here.
     pub fn check_invariants(&self) {
+        assert!(
+            self.wait_for_readahead(std::time::Duration::from_secs(10)),
+            "background readahead did not finish within 10 s"
+        );
         self.pool.check_invariants();
         let index = self
             .extension

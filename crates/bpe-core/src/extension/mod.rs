@@ -12,6 +12,7 @@ pub use index::{page_crc, ExtensionIndex, Location, UNIT};
 
 use crate::config::{EXTENSION_BATCH_BYTES, EXTENSION_FAULT_LIMIT, EXTENSION_STAGING_PAGES};
 use crate::counters::Counters;
+use crate::io::aligned::Scratch;
 use crate::io::aligned::{round_down, round_up};
 use crate::io::extension_file::ExtensionFile;
 use crate::io::{AlignedBuf, FaultInjector, FaultyExtensionFile};
@@ -252,7 +253,7 @@ impl Extension {
             return false;
         }
         let (start, skip, len) = aligned_span(loc.offset, loc.len);
-        let mut block = AlignedBuf::new(len);
+        let mut block = Scratch::new(len);
         self.counters.ext_outstanding_io.fetch_add(1, Relaxed);
         let res = self.file.read_at(start, &mut block[..len]);
         self.counters.ext_outstanding_io.fetch_sub(1, Relaxed);

@@ -50,6 +50,56 @@ impl Drop for AlignedBuf {
     }
 }
 
+/// Largest buffer a thread keeps for reuse: one page of the largest size SQLite has. Larger
+/// requests (readahead runs) allocate; they are rare and amortized over many pages.
+const SCRATCH_KEEP: usize = crate::config::MAX_PAGE_SIZE;
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Option<AlignedBuf>> = const { std::cell::Cell::new(None) };
+}
+
+/// An aligned buffer for one read, taken from the calling thread's spare one when it is large
+/// enough, and handed back to it on drop. A single-page read then costs no allocation, no
+/// zeroing and no page fault (the spare stays mapped). Its bytes are whatever the last read
+/// left: callers read into it before they look at it. At most [`SCRATCH_KEEP`] bytes per thread
+/// are kept. Re-entrant use (the spare already taken) just allocates.
+pub struct Scratch {
+    buf: Option<AlignedBuf>,
+    len: usize,
+}
+
+impl Scratch {
+    pub fn new(len: usize) -> Scratch {
+        let spare = SCRATCH.with(|s| s.take()).filter(|b| b.len() >= len);
+        Scratch {
+            buf: Some(spare.unwrap_or_else(|| AlignedBuf::new(len))),
+            len,
+        }
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf.as_ref().expect("present until drop")[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for Scratch {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf.as_mut().expect("present until drop")[..self.len]
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take().filter(|b| b.len() <= SCRATCH_KEEP) {
+            // try_with: a thread that is exiting has no spare to keep.
+            let _ = SCRATCH.try_with(|s| s.set(Some(buf)));
+        }
+    }
+}
+
 pub fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to
 }

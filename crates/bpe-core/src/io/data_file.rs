@@ -7,7 +7,7 @@
 //! as the name to open: the descriptors then lead to the caller's file, whatever the path names
 //! by now. See `files.rs` for when they are opened and closed.
 
-use super::aligned::{round_down, round_up, AlignedBuf};
+use super::aligned::{round_down, round_up, Scratch};
 use super::device::DataDevice;
 use crate::config::DIRECT_IO_ALIGN;
 use crate::{Error, Result};
@@ -183,7 +183,7 @@ impl DataFile {
         let align = DIRECT_IO_ALIGN as u64;
         let start = round_down(offset, align);
         let end = round_up((offset + buf.len() as u64) as usize, DIRECT_IO_ALIGN) as u64;
-        let mut block = AlignedBuf::new((end - start) as usize);
+        let mut block = Scratch::new((end - start) as usize);
         let got = match read_full(direct, start, &mut block) {
             Ok(n) => n,
             Err(e) => return Some(Err(e)),
