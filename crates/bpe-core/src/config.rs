@@ -28,8 +28,15 @@ pub const EXTENSION_STAGING_PAGES: usize = 1024;
 pub const EXTENSION_FAULT_LIMIT: u32 = 8;
 /// The extension index may take at most this fraction (1/N) of max server memory.
 pub const INDEX_BUDGET_DIVISOR: u64 = 2;
-/// Bytes of the largest single data-file read issued by readahead.
-pub const READAHEAD_BYTES: usize = 256 << 10;
+/// Bytes of the largest single read issued by readahead (data file or extension). 1 MiB: a
+/// device that caps requests per second (a throttled volume, a cloud disk's IOPS limit) gives a
+/// sequential reader IOPS x request size, and 1 MiB is about the largest request Linux block
+/// devices take whole (max_sectors_kb 1280 on loop and virtio); the kernel's own readahead for
+/// buffered readers makes requests that size too.
+pub const READAHEAD_BYTES: usize = 1 << 20;
+/// A readahead window takes at most this fraction (1/N) of max server memory, so that a small
+/// pool is not flushed by one window.
+pub const READAHEAD_MEMORY_DIVISOR: u64 = 8;
 /// Consecutive sequential page reads of a file after which readahead starts.
 pub const READAHEAD_TRIGGER: u32 = 3;
 

@@ -436,7 +436,13 @@ fn a_scan_served_by_the_extension_reads_consecutive_slots_ahead() {
 fn reading_a_page_read_ahead_from_the_extension_fetches_the_next_window_in_the_background() {
     let dir = tempdir();
     let path = make_file(dir.path(), "data", 600, PAGE);
-    let engine = engine(1 << 20); // ~250 pages of RAM: room for three windows of 63
+    let memory = 1u64 << 20; // ~250 pages of RAM: room for three windows
+    let engine = engine(memory);
+    // A window: the page read and the pages after it, READAHEAD_BYTES capped at 1/8 of RAM.
+    let window = (bpe_core::config::READAHEAD_BYTES as u64)
+        .min(memory / bpe_core::config::READAHEAD_MEMORY_DIVISOR)
+        / PAGE as u64;
+    let (first_end, second_end) = (2 + window - 1, 2 + 2 * (window - 1));
     let f = engine.open_file(&path, PAGE).unwrap();
     engine
         .enable_extension(&dir.path().join("ext.bpe"), 8 << 20)
@@ -450,17 +456,20 @@ fn reading_a_page_read_ahead_from_the_extension_fetches_the_next_window_in_the_b
         let l1 = |d: &bpe_core::BufferDescriptor| d.tier == Tier::Memory && d.page == page;
         engine.descriptors().iter().any(l1)
     };
-    // Pages 0-2 arm the stream; page 2's L2 hit reads 3..=65 ahead in the foreground.
+    // Pages 0-2 arm the stream; page 2's L2 hit reads 3..=first_end ahead in the foreground.
     for p in 0..3 {
         assert_eq!(read(&engine, &f, p).1, Tier::Extension);
     }
     let state = |pages: &[u64]| pages.iter().map(|&p| resident(p)).collect::<Vec<_>>();
-    assert_eq!(state(&[3, 65, 66, 128]), [true, true, false, false]);
-    // The first read of that window queues the next one (66..=128) for the background thread.
+    assert_eq!(
+        state(&[3, first_end, first_end + 1, second_end]),
+        [true, true, false, false]
+    );
+    // The first read of that window queues the next one for the background thread.
     let before = engine.counters();
     assert_eq!(read(&engine, &f, 3).1, Tier::Memory);
     let deadline = std::time::Instant::now() + WAIT;
-    while !resident(128) {
+    while !resident(second_end) {
         assert!(
             std::time::Instant::now() < deadline,
             "the window after the one being read never arrived"
@@ -468,9 +477,9 @@ fn reading_a_page_read_ahead_from_the_extension_fetches_the_next_window_in_the_b
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     let after = engine.counters();
-    assert_eq!(after.ext_page_reads - before.ext_page_reads, 63);
+    assert_eq!(after.ext_page_reads - before.ext_page_reads, window - 1);
     // The scan goes on through both windows without a read of its own.
-    for p in 4..=128 {
+    for p in 4..=second_end {
         let (bytes, tier) = read(&engine, &f, p);
         assert_eq!(decode(&bytes), Some((p, 0)));
         assert_eq!(tier, Tier::Memory, "page {p}");

@@ -7,7 +7,6 @@
 //! being written wait for the write, so every read returns bytes of a completed write.
 
 use super::Engine;
-use crate::config::{READAHEAD_BYTES, READAHEAD_TRIGGER};
 use crate::counters::Counters;
 use crate::extension::Extension;
 use crate::files::FileHandle;
@@ -190,7 +189,7 @@ impl Engine {
 
     /// Loader tickets for the window after `key`, up to the first page cached or in flight.
     pub(super) fn readahead_tickets(&self, key: PageKey, page_size: usize) -> Vec<Ticket> {
-        let window = super::prefetch::window_pages(page_size);
+        let window = super::prefetch::window_pages(page_size, self.max_memory());
         (key.page + 1..key.page + window)
             .map_while(|page| self.pool.try_prefetch(PageKey::new(key.file, page)))
             .collect()
@@ -340,7 +339,7 @@ impl Engine {
         key: PageKey,
         page_size: usize,
     ) -> Result<Vec<Option<Ticket>>> {
-        let window = (READAHEAD_BYTES / page_size).max(READAHEAD_TRIGGER as usize) as u64;
+        let window = super::prefetch::window_pages(page_size, self.max_memory());
         let size = match file.data() {
             Some(d) => d.size()?,
             None => 0,

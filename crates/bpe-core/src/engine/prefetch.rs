@@ -11,7 +11,7 @@
 //! waits for them instead of reading them again.
 
 use super::Engine;
-use crate::config::{READAHEAD_BYTES, READAHEAD_TRIGGER};
+use crate::config::{READAHEAD_BYTES, READAHEAD_MEMORY_DIVISOR, READAHEAD_TRIGGER};
 use crate::files::FileHandle;
 use crate::page::PageKey;
 use crate::pool::Ticket;
@@ -33,15 +33,17 @@ pub(super) struct Job {
     queued: Instant,
 }
 
-/// Pages in one readahead window of a file of `page_size` pages.
-pub(super) fn window_pages(page_size: usize) -> u64 {
-    (READAHEAD_BYTES / page_size).max(READAHEAD_TRIGGER as usize) as u64
+/// Pages in one readahead window of a file of `page_size` pages, with `max_memory`:
+/// [`READAHEAD_BYTES`], at most 1/[`READAHEAD_MEMORY_DIVISOR`] of it, at least the trigger.
+pub(super) fn window_pages(page_size: usize, max_memory: u64) -> u64 {
+    let bytes = (READAHEAD_BYTES as u64).min(max_memory / READAHEAD_MEMORY_DIVISOR);
+    (bytes / page_size as u64).max(READAHEAD_TRIGGER as u64)
 }
 
 impl Engine {
     /// On a hit of `key`: if it is in the file's marked window, queues the next window.
     pub(super) fn read_ahead_in_background(&self, file: &FileHandle, key: PageKey) {
-        let window = window_pages(file.page_size());
+        let window = window_pages(file.page_size(), self.max_memory());
         let Some(last) = file.extension_readahead.async_trigger(key.page, window) else {
             return;
         };
