@@ -435,19 +435,19 @@ fn a_scan_served_by_the_extension_reads_consecutive_slots_ahead() {
 #[test]
 fn reading_a_page_read_ahead_from_the_extension_fetches_the_next_window_in_the_background() {
     let dir = tempdir();
-    let path = make_file(dir.path(), "data", 600, PAGE);
-    let memory = 1u64 << 20; // ~250 pages of RAM: room for three windows
+    let path = make_file(dir.path(), "data", 2400, PAGE);
+    let memory = 4u64 << 20; // ~1000 pages of RAM: room for three windows
     let engine = engine(memory);
-    // A window: the page read and the pages after it, READAHEAD_BYTES capped at 1/8 of RAM.
+    // A window: the page read and the pages after it, READAHEAD_BYTES, at most max server memory.
     let window = (bpe_core::config::READAHEAD_BYTES as u64)
         .min(memory / bpe_core::config::READAHEAD_MEMORY_DIVISOR)
         / PAGE as u64;
     let (first_end, second_end) = (2 + window - 1, 2 + 2 * (window - 1));
     let f = engine.open_file(&path, PAGE).unwrap();
     engine
-        .enable_extension(&dir.path().join("ext.bpe"), 8 << 20)
+        .enable_extension(&dir.path().join("ext.bpe"), 32 << 20)
         .unwrap();
-    for p in 0..600 {
+    for p in 0..2400 {
         read(&engine, &f, p);
     }
     assert!(engine.wait_for_extension_writes(WAIT));

@@ -332,7 +332,9 @@ impl Engine {
     /// Loader tickets for the pages after `key` within the readahead window and the file, one
     /// per page, None for a page cached or being loaded already (SQLite's interior b-tree pages
     /// sit between runs of leaves and are usually cached: reading over them keeps the request
-    /// whole). Ends at the last page that needs loading.
+    /// whole). Ends at the last page that needs loading, and before the first page the
+    /// extension holds: from there on the pages come cheaper from L2 (with its own readahead),
+    /// and a stream that read over them from the data file would never return to L2.
     fn prefetch_tickets(
         &self,
         file: &FileHandle,
@@ -345,7 +347,12 @@ impl Engine {
             None => 0,
         };
         let file_pages = size / page_size as u64;
-        let end = (key.page + window).min(file_pages);
+        let mut end = (key.page + window).min(file_pages);
+        if let Some(ext) = self.current_extension() {
+            end = (key.page + 1..end)
+                .find(|&page| ext.holds(PageKey::new(key.file, page)))
+                .unwrap_or(end);
+        }
         let mut tickets: Vec<Option<Ticket>> = (key.page + 1..end)
             .map(|page| self.pool.try_prefetch(PageKey::new(key.file, page)))
             .collect();

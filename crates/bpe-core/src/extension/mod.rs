@@ -241,6 +241,11 @@ impl Extension {
         }
     }
 
+    /// Whether a copy of `key` is indexed here (not verified: a read may still miss).
+    pub fn holds(&self, key: PageKey) -> bool {
+        !self.failed.load(Relaxed) && self.tables.read().index.contains(key)
+    }
+
     /// Reads a page into `buf` if a verified copy is here. Any fault is a miss (and is counted).
     pub fn read(self: &Arc<Self>, key: PageKey, buf: &mut [u8]) -> bool {
         if self.failed.load(Relaxed) {
