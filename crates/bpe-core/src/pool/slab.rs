@@ -104,6 +104,9 @@ struct State {
 pub struct SlabInner {
     region: Region,
     state: Mutex<State>,
+    /// The process that made the slab. A forked child inherits the parent's pools but not its
+    /// threads: a slab lock held by one of them at the fork is never released in the child.
+    owner_pid: u32,
 }
 
 /// The L1 page slab, shared by every frame (each slot keeps it alive).
@@ -161,6 +164,7 @@ impl Slab {
         let limit = chunks_for(limit_bytes).min(region.chunks as u32);
         Slab(Arc::new(SlabInner {
             region,
+            owner_pid: std::process::id(),
             state: Mutex::new(
                 Rank::Slab,
                 State {
@@ -321,6 +325,11 @@ impl std::ops::Deref for Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        // In a forked child the slot is left as it is (the child's copy of the parent's memory,
+        // never reused): freeing it would take a lock a parent thread may have held at the fork.
+        if std::process::id() != self.slab.owner_pid {
+            return;
+        }
         self.slab.free(self.chunk, self.index, self.class);
     }
 }
