@@ -32,22 +32,6 @@ fn serial() -> MutexGuard<'static, ()> {
     guard
 }
 
-/// Every variable the engine reads at load: children and shells start from none of them.
-const BPE_VARS: &[&str] = &[
-    "BPE_MAX_SERVER_MEMORY_MB",
-    "BPE_EXTENSION_FILE",
-    "BPE_EXTENSION_SIZE",
-    "BPE_DIRECT_IO",
-    "BPE_READAHEAD",
-    "BPE_DATA_LATENCY_US",
-    "BPE_DATA_IOPS",
-    "BPE_DATA_WRITE_LATENCY_US",
-    "BPE_DATA_SYNC_LATENCY_US",
-    "BPE_DATA_READ_MBPS",
-    "BPE_DATA_WRITE_MBPS",
-    "BPE_DATA_WRITE_IOPS",
-];
-
 fn extension_state(c: &Connection) -> (Option<String>, i64, Option<String>) {
     c.query_row(
         "SELECT path, state, last_failure FROM bpe_extension_configuration",
@@ -153,7 +137,7 @@ fn run_child(mode: &str, dir: &Path, env: &[(&str, String)], watchdog: Duration)
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
-    for v in BPE_VARS {
+    for v in bpe_vars() {
         cmd.env_remove(v);
     }
     for (k, v) in env {
@@ -180,7 +164,7 @@ fn shell_with_env(dir: &Path, env: &[(&str, String)], script: &str) -> (String, 
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for v in BPE_VARS {
+    for v in bpe_vars() {
         cmd.env_remove(v);
     }
     for (k, v) in env {

@@ -65,22 +65,6 @@ const SHORT_ALARM_S: u32 = 5;
 const MAX_HUNG: usize = 5;
 const EXT_SIZE: &str = "16 MB";
 
-/// Every variable the engine reads at load: the forking process starts from none of them.
-const BPE_VARS: &[&str] = &[
-    "BPE_MAX_SERVER_MEMORY_MB",
-    "BPE_EXTENSION_FILE",
-    "BPE_EXTENSION_SIZE",
-    "BPE_DIRECT_IO",
-    "BPE_READAHEAD",
-    "BPE_DATA_LATENCY_US",
-    "BPE_DATA_IOPS",
-    "BPE_DATA_WRITE_LATENCY_US",
-    "BPE_DATA_SYNC_LATENCY_US",
-    "BPE_DATA_READ_MBPS",
-    "BPE_DATA_WRITE_MBPS",
-    "BPE_DATA_WRITE_IOPS",
-];
-
 fn children() -> usize {
     std::env::var("BPE_FORK_CHILDREN").map_or(CHILDREN, |v| v.parse().unwrap())
 }
@@ -807,7 +791,7 @@ fn run_forker(mode: &str, journal: &str, by_env: bool) -> Run {
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
-    for v in BPE_VARS {
+    for v in bpe_vars() {
         cmd.env_remove(v);
     }
     if by_env {

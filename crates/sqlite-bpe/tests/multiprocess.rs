@@ -700,21 +700,6 @@ fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
     })
 }
 
-const BPE_VARS: &[&str] = &[
-    "BPE_MAX_SERVER_MEMORY_MB",
-    "BPE_EXTENSION_FILE",
-    "BPE_EXTENSION_SIZE",
-    "BPE_DIRECT_IO",
-    "BPE_READAHEAD",
-    "BPE_DATA_LATENCY_US",
-    "BPE_DATA_IOPS",
-    "BPE_DATA_WRITE_LATENCY_US",
-    "BPE_DATA_SYNC_LATENCY_US",
-    "BPE_DATA_READ_MBPS",
-    "BPE_DATA_WRITE_MBPS",
-    "BPE_DATA_WRITE_IOPS",
-];
-
 fn spawn(slot: usize, dir: &Path, wal: bool, seed: u64) -> Incarnation {
     let role = &ROLES[slot];
     let mut cmd = Command::new(std::env::current_exe().unwrap());
@@ -732,7 +717,7 @@ fn spawn(slot: usize, dir: &Path, wal: bool, seed: u64) -> Incarnation {
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
-    for v in BPE_VARS {
+    for v in bpe_vars() {
         cmd.env_remove(v);
     }
     if role.bpe {

@@ -179,3 +179,18 @@ pub fn exit_if_stalled(
         }
     });
 }
+
+/// Every variable the engine reads at load (a child started without them gets no engine
+/// settings from its parent): the engine's own, then the device emulation's.
+#[allow(dead_code)]
+pub fn bpe_vars() -> impl Iterator<Item = &'static str> {
+    [
+        "BPE_MAX_SERVER_MEMORY_MB",
+        "BPE_EXTENSION_FILE",
+        "BPE_EXTENSION_SIZE",
+        "BPE_DIRECT_IO",
+        "BPE_READAHEAD",
+    ]
+    .into_iter()
+    .chain(sqlite_bpe::emulation_var_names())
+}
