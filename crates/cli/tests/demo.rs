@@ -30,7 +30,7 @@ fn the_demo_prints_all_three_configurations() {
         "limited_memory ",
         "limited_memory_bpe",
         "lookups/s",
-        "EMULATED slow device, 200 µs per read",
+        "EMULATED slow device, read 200 us",
         "Extension page reads/sec",
         "Extension allocated pages",
         "Extension sequential write percentage",
