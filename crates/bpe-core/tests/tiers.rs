@@ -486,3 +486,93 @@ fn reading_a_page_read_ahead_from_the_extension_fetches_the_next_window_in_the_b
     }
     engine.check_invariants();
 }
+
+#[test]
+fn reading_a_page_read_ahead_from_the_data_file_fetches_the_next_window_in_the_background() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 2400, PAGE);
+    let memory = 8u64 << 20;
+    let engine = engine(memory);
+    let window = (bpe_core::config::READAHEAD_BYTES as u64)
+        .min(memory / bpe_core::config::READAHEAD_MEMORY_DIVISOR)
+        / PAGE as u64;
+    let (first_end, second_end) = (2 + window - 1, 2 + 2 * (window - 1));
+    let f = engine.open_file(&path, PAGE).unwrap();
+    let resident = |page: u64| {
+        let l1 = |d: &bpe_core::BufferDescriptor| d.tier == Tier::Memory && d.page == page;
+        engine.descriptors().iter().any(l1)
+    };
+    // Pages 0-2 arm the stream; page 2's miss reads 3..=first_end with it, in the foreground.
+    for p in 0..3 {
+        assert_eq!(read(&engine, &f, p).1, Tier::DataFile);
+    }
+    let state = |pages: &[u64]| pages.iter().map(|&p| resident(p)).collect::<Vec<_>>();
+    assert_eq!(
+        state(&[3, first_end, first_end + 1, second_end]),
+        [true, true, false, false]
+    );
+    // The first read of that window queues the next one for the background thread.
+    let before = engine.counters();
+    assert_eq!(read(&engine, &f, 3).1, Tier::Memory);
+    let deadline = std::time::Instant::now() + WAIT;
+    while !resident(second_end) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the window after the one being read never arrived"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(engine.wait_for_readahead(WAIT));
+    let after = engine.counters();
+    assert_eq!(after.readahead_pages - before.readahead_pages, window - 1);
+    assert_eq!(after.page_reads - before.page_reads, window - 1);
+    // The scan goes on through both windows without a read of its own, and every page is
+    // read from the file once.
+    for p in 4..=second_end {
+        let (bytes, tier) = read(&engine, &f, p);
+        assert_eq!(decode(&bytes), Some((p, 0)));
+        assert_eq!(tier, Tier::Memory, "page {p}");
+    }
+    assert!(engine.wait_for_readahead(WAIT));
+    for p in second_end + 1..2400 {
+        assert_eq!(decode(&read(&engine, &f, p).0), Some((p, 0)));
+    }
+    assert!(engine.wait_for_readahead(WAIT));
+    assert_eq!(engine.counters().page_reads, 2400, "each page read once");
+    engine.check_invariants();
+}
+
+#[test]
+fn a_background_data_file_window_stops_before_the_pages_the_extension_holds() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 1200, PAGE);
+    let memory = 8u64 << 20;
+    let engine = engine(memory);
+    let f = engine.open_file(&path, PAGE).unwrap();
+    engine
+        .enable_extension(&dir.path().join("ext.bpe"), 16 << 20)
+        .unwrap();
+    // Pages 600.. reach L2: read in random order (no readahead), then pushed out of RAM.
+    for i in 0..600u64 {
+        read(&engine, &f, 600 + (i * 7) % 600);
+    }
+    engine.set_max_memory(256 << 10).unwrap();
+    assert!(engine.wait_for_extension_writes(WAIT));
+    engine.set_max_memory(memory).unwrap();
+    let held_before = engine.counters();
+    assert!(held_before.ext_allocated_pages >= 500, "{held_before:?}");
+    // A cold scan: its data-file windows, the background ones too, end at page 600.
+    for p in 0..1200 {
+        assert_eq!(decode(&read(&engine, &f, p).0), Some((p, 0)));
+    }
+    assert!(engine.wait_for_readahead(WAIT));
+    let c = engine.counters();
+    let from_file = c.page_reads - held_before.page_reads;
+    let from_ext = c.ext_page_reads - held_before.ext_page_reads;
+    assert!(
+        from_file <= 600 + 16,
+        "{from_file} pages from the data file"
+    );
+    assert!(from_ext >= 500, "{from_ext} pages from the extension");
+    engine.check_invariants();
+}

@@ -34,10 +34,12 @@ pub struct PageRead {
 #[derive(Clone, Copy)]
 pub struct Via<'a>(pub Option<&'a dyn DataDevice>);
 
-/// Pages a data-file readahead read after the one asked for, to install after it.
+/// Pages a data-file readahead read, to install (after the page asked for, if it read one).
 struct ReadAhead {
-    /// The whole request: the page asked for, then one page per ticket.
+    /// The whole request: `skip` pages not to install (the page asked for, which its reader
+    /// installs), then one page per ticket.
     chunk: Vec<u8>,
+    skip: usize,
     /// Bytes of `chunk` that the file had.
     got: usize,
     tickets: Vec<Option<Ticket>>,
@@ -151,16 +153,17 @@ impl Engine {
         Ok(installed.then_some(read))
     }
 
-    /// Installs the pages a data-file readahead brought after the one asked for.
-    fn install_read_ahead(&self, file: &FileHandle, ahead: ReadAhead) {
+    /// Installs the pages a data-file readahead brought; returns how many.
+    fn install_read_ahead(&self, file: &FileHandle, ahead: ReadAhead) -> u64 {
         let page_size = file.page_size();
         let mut fetched = 0;
         for (i, ticket) in ahead.tickets.into_iter().enumerate() {
             let Some(ticket) = ticket else {
                 continue; // cached already: these bytes were read only to keep the request whole
             };
-            let part = &ahead.chunk[(i + 1) * page_size..(i + 2) * page_size];
-            if (i + 2) * page_size <= ahead.got {
+            let at = (ahead.skip + i) * page_size;
+            let part = &ahead.chunk[at..at + page_size];
+            if at + page_size <= ahead.got {
                 let frame = self.frame(file, ticket.key, part, ahead.started, true);
                 self.pool
                     .finish_load(ticket, frame, LoadSource::DataFile, self);
@@ -171,6 +174,46 @@ impl Engine {
         }
         self.counters.page_reads.fetch_add(fetched, Relaxed);
         self.counters.readahead_pages.fetch_add(fetched, Relaxed);
+        fetched
+    }
+
+    /// Reads the data-file window after `after` (the background readahead's job): the pages of
+    /// `tickets` in one request through the file's own descriptor, installed as prefetched
+    /// frames; every ticket is finished or aborted. A failed read costs the window only: the
+    /// scan's own misses read those pages again, and report any error.
+    pub(super) fn fetch_data_window(
+        &self,
+        file: &FileHandle,
+        after: PageKey,
+        tickets: Vec<Option<Ticket>>,
+        started: Instant,
+    ) {
+        let page_size = file.page_size();
+        let first = after.page + 1;
+        let mut chunk = vec![0u8; page_size * tickets.len()];
+        let got = match self.device_read(file, Via(None), first * page_size as u64, &mut chunk) {
+            Ok(n) => n,
+            Err(_) => {
+                tickets
+                    .into_iter()
+                    .flatten()
+                    .for_each(|t| self.pool.abort(t));
+                return;
+            }
+        };
+        let pages = (got / page_size) as u64;
+        file.readahead.fetched_until(first + pages);
+        let ahead = ReadAhead {
+            chunk,
+            skip: 0,
+            got,
+            tickets,
+            started,
+        };
+        if self.install_read_ahead(file, ahead) > 0 {
+            // Reading this window will fetch the next one in the background.
+            file.readahead.mark_window(first);
+        }
     }
 
     /// On a sequential run of L2 hits, loads the pages after `key` that L2 holds in the slots
@@ -320,8 +363,13 @@ impl Engine {
         Counters::bump(&self.counters.page_reads);
         file.readahead
             .fetched_until(key.page + got.div_ceil(page_size) as u64);
+        if got > page_size {
+            // Reading the pages after this one will fetch the next window in the background.
+            file.readahead.mark_window(key.page + 1);
+        }
         let ahead = ReadAhead {
             chunk,
+            skip: 1,
             got,
             tickets,
             started,
@@ -335,7 +383,7 @@ impl Engine {
     /// whole). Ends at the last page that needs loading, and before the first page the
     /// extension holds: from there on the pages come cheaper from L2 (with its own readahead),
     /// and a stream that read over them from the data file would never return to L2.
-    fn prefetch_tickets(
+    pub(super) fn prefetch_tickets(
         &self,
         file: &FileHandle,
         key: PageKey,

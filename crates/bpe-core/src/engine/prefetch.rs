@@ -1,11 +1,13 @@
-//! Background readahead from the extension: one thread per engine, started on the first
-//! sequential run, that reads the next window of a scan while the reader works through the
-//! window before it. A synchronous readahead makes a scan wait for every window in turn (the
-//! device idles while the caller works, the CPU idles while the device reads); this overlaps
-//! the two on a second core.
+//! Background readahead, from the extension and from the data file: one thread per engine,
+//! started on the first sequential run, that reads the next window of a scan while the reader
+//! works through the window before it. A synchronous readahead makes a scan wait for every
+//! window in turn (the device idles while the caller works, the CPU idles while the device
+//! reads); this overlaps the two on a second core.
 //!
-//! The chain: a readahead (the reader's own, or this thread's) marks the window it fetched;
-//! the first read that hits a page of the marked window queues the next window here. Jobs are
+//! The chain, per tier: a readahead (the reader's own, or this thread's) marks the window it
+//! fetched; the first read that hits a page of the marked window queues the next window here.
+//! A data-file window ends before the first page the extension holds, as the reader's own does
+//! (see `Engine::prefetch_tickets`), so a scan moves to the cheaper tier where it can. Jobs are
 //! best effort: a full queue drops one, and the scan's next miss reads ahead in the foreground
 //! as before. Pages of a window in flight are pending in L1, so a reader that gets there first
 //! waits for them instead of reading them again.
@@ -23,14 +25,35 @@ use std::time::{Duration, Instant};
 /// Windows queued at most; more would be read after the reader needed them.
 const QUEUE: usize = 4;
 
-/// Read the window after `after` (the last page fetched so far) of `file`: the pages of
-/// `tickets`, taken by the reader that queued the job, so that it waits for them when it gets
-/// there first instead of reading them itself. Every ticket is finished or aborted.
+/// Read the window after `after` (the last page fetched so far) of `file`: the pages of the
+/// window's tickets, taken by the reader that queued the job, so that it waits for them when it
+/// gets there first instead of reading them itself. Every ticket is finished or aborted.
 pub(super) struct Job {
     file: FileHandle,
     after: PageKey,
-    tickets: Vec<Ticket>,
+    window: Window,
     queued: Instant,
+}
+
+/// Where a job reads its window from, and the tickets of its pages.
+enum Window {
+    /// The extension slots after `after`'s: one ticket per page, all of them to load.
+    Extension(Vec<Ticket>),
+    /// The data file after page `after`: one entry per page, None for a page cached already
+    /// (read over to keep the request whole).
+    DataFile(Vec<Option<Ticket>>),
+}
+
+impl Window {
+    fn abort(self, engine: &Engine) {
+        match self {
+            Window::Extension(tickets) => tickets.into_iter().for_each(|t| engine.pool.abort(t)),
+            Window::DataFile(tickets) => tickets
+                .into_iter()
+                .flatten()
+                .for_each(|t| engine.pool.abort(t)),
+        }
+    }
 }
 
 /// Pages in one readahead window of a file of `page_size` pages, with `max_memory`:
@@ -41,21 +64,32 @@ pub(super) fn window_pages(page_size: usize, max_memory: u64) -> u64 {
 }
 
 impl Engine {
-    /// On a hit of `key`: if it is in the file's marked window, queues the next window.
+    /// On a hit of `key`: if it is in one of the file's marked windows (the extension's or the
+    /// data file's), queues the next window of that tier.
     pub(super) fn read_ahead_in_background(&self, file: &FileHandle, key: PageKey) {
-        let window = window_pages(file.page_size(), self.max_memory());
-        let Some(last) = file.extension_readahead.async_trigger(key.page, window) else {
+        let pages = window_pages(file.page_size(), self.max_memory());
+        let job = if let Some(last) = file.extension_readahead.async_trigger(key.page, pages) {
+            let after = PageKey::new(key.file, last);
+            let tickets = self.readahead_tickets(after, file.page_size());
+            (!tickets.is_empty()).then_some((after, Window::Extension(tickets)))
+        } else if let Some(last) = file.readahead.async_trigger(key.page, pages) {
+            let after = PageKey::new(key.file, last);
+            // A file that cannot say its size reads no further ahead: best effort.
+            let tickets = self.prefetch_tickets(file, after, file.page_size());
+            tickets
+                .ok()
+                .filter(|t| !t.is_empty())
+                .map(|t| (after, Window::DataFile(t)))
+        } else {
+            None
+        };
+        let Some((after, window)) = job else {
             return;
         };
-        let after = PageKey::new(key.file, last);
-        let tickets = self.readahead_tickets(after, file.page_size());
-        if tickets.is_empty() {
-            return;
-        }
         let job = Job {
             file: file.clone(),
             after,
-            tickets,
+            window,
             queued: Instant::now(),
         };
         let mut queue = self.prefetcher.lock();
@@ -73,7 +107,7 @@ impl Engine {
         };
         drop(queue);
         if let Some(job) = refused {
-            job.tickets.into_iter().for_each(|t| self.pool.abort(t));
+            job.window.abort(self);
             self.readahead_jobs.fetch_sub(1, Relaxed);
         }
     }
@@ -103,9 +137,14 @@ fn run(engine: Weak<Engine>, jobs: Receiver<Job>) {
         let Some(engine) = engine.upgrade() else {
             return;
         };
-        match engine.current_extension() {
-            Some(ext) => engine.fetch_run(&job.file, &ext, job.after, job.tickets, job.queued),
-            None => job.tickets.into_iter().for_each(|t| engine.pool.abort(t)),
+        match (job.window, engine.current_extension()) {
+            (Window::Extension(tickets), Some(ext)) => {
+                engine.fetch_run(&job.file, &ext, job.after, tickets, job.queued)
+            }
+            (Window::DataFile(tickets), _) => {
+                engine.fetch_data_window(&job.file, job.after, tickets, job.queued)
+            }
+            (window, None) => window.abort(&engine),
         }
         engine.readahead_jobs.fetch_sub(1, Relaxed);
     }
