@@ -15,7 +15,7 @@ use crate::counters::Counters;
 use crate::io::aligned::Scratch;
 use crate::io::aligned::{round_down, round_up};
 use crate::io::extension_file::ExtensionFile;
-use crate::io::{AlignedBuf, FaultInjector, FaultyExtensionFile};
+use crate::io::{FaultInjector, FaultyExtensionFile};
 use crate::page::{FileKey, PageKey};
 use crate::pool::Frame;
 use crate::sync::channel::{Sender, TrySendError};
@@ -43,7 +43,7 @@ pub trait ExtensionHost: Send + Sync {
 
 /// Pages read in one request by [`Extension::read_run`]; the first `len` passed their checksums.
 pub struct Run {
-    block: AlignedBuf,
+    block: Scratch,
     /// Where the first page starts in `block`.
     skip: usize,
     page_len: usize,
@@ -323,7 +323,7 @@ impl Extension {
         };
         let first = run.first()?;
         let (start, skip, len) = aligned_span(first.offset, page_len * run.len());
-        let mut block = AlignedBuf::new(len);
+        let mut block = Scratch::new(len);
         self.counters.ext_outstanding_io.fetch_add(1, Relaxed);
         let res = self.file.read_at(start, &mut block[..len]);
         self.counters.ext_outstanding_io.fetch_sub(1, Relaxed);
