@@ -38,10 +38,24 @@ fn register_font() -> bool {
     })
 }
 
+/// Height of the bar chart: one row per configuration, names on the left.
+fn bars_height(r: &BenchReport) -> u32 {
+    (140 + 42 * r.configs.len() as u32).max(300)
+}
+
+/// Configurations with a time series of bpe's counters to draw: not stock SQLite's (named
+/// `stock` or `stock_*`), whose samples are all zero (the counters are the engine's).
+fn with_series(r: &BenchReport) -> Vec<&crate::report::ConfigResult> {
+    r.configs
+        .iter()
+        .filter(|c| !c.series.is_empty() && !c.name.starts_with("stock"))
+        .collect()
+}
+
 pub fn draw(r: &BenchReport, path: &Path) -> anyhow::Result<()> {
     let text = register_font();
-    let panels = r.configs.len().div_ceil(2) as u32;
-    let size = (1200, 460 + 260 * panels);
+    let panels = with_series(r).len().div_ceil(2) as u32;
+    let size = (1200, bars_height(r) + 260 * panels);
     let svg = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("svg"));
@@ -64,12 +78,13 @@ where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE).map_err(err)?;
-    let (top, bottom) = root.split_vertically(460);
+    let (top, bottom) = root.split_vertically(bars_height(r));
     bars(&top, r, text)?;
-    let panels = r.configs.len().div_ceil(2);
+    let drawn = with_series(r);
+    let panels = drawn.len().div_ceil(2);
     if panels > 0 {
         let areas = bottom.split_evenly((panels, 2));
-        for (c, area) in r.configs.iter().zip(areas.iter()) {
+        for (c, area) in drawn.into_iter().zip(areas.iter()) {
             series(area, &c.name, &c.series, text)?;
         }
     }
@@ -125,37 +140,40 @@ where
             ("sans-serif", 24),
         )
         .x_label_area_size(40)
-        .y_label_area_size(70);
+        .y_label_area_size(250);
     }
+    // One horizontal bar per configuration, the first on top, names on the left (they are too
+    // long to sit side by side under vertical bars).
+    let row = |i: usize| (n - 1 - i) as f64;
     let mut chart = b
-        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), (lo..max * 3.0).log_scale())
+        .build_cartesian_2d((lo..max * 3.0).log_scale(), -0.5f64..(n as f64 - 0.5))
         .map_err(err)?;
     if text {
         chart
             .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(n)
-            .x_label_formatter(&|x| {
-                let i = x.round();
-                if (x - i).abs() < 0.01 && i >= 0.0 {
-                    names.get(i as usize).cloned().unwrap_or_default()
+            .disable_y_mesh()
+            .y_labels(n)
+            .y_label_formatter(&|y| {
+                let i = y.round();
+                if (y - i).abs() < 0.01 && i >= 0.0 && (i as usize) < n {
+                    names.get(n - 1 - i as usize).cloned().unwrap_or_default()
                 } else {
                     String::new()
                 }
             })
-            .y_desc(unit)
+            .x_desc(unit)
             .light_line_style(WHITE)
             .label_style(("sans-serif", 15))
             .draw()
             .map_err(err)?;
     }
     for (i, c) in r.configs.iter().enumerate() {
-        let x = i as f64;
+        let y = row(i);
         let v = value(c).max(lo);
         let color = Palette99::pick(i).to_rgba();
         chart
             .draw_series(std::iter::once(Rectangle::new(
-                [(x - 0.35, lo), (x + 0.35, v)],
+                [(lo, y - 0.35), (v, y + 0.35)],
                 color.filled(),
             )))
             .map_err(err)?;
@@ -163,7 +181,7 @@ where
             chart
                 .draw_series(std::iter::once(Text::new(
                     label(value(c)),
-                    (x - 0.2, v * 1.15),
+                    (v * 1.08, y + 0.2),
                     ("sans-serif", 16),
                 )))
                 .map_err(err)?;
