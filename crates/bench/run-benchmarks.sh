@@ -29,7 +29,7 @@ for what in "${@:-lookup scan oltp dw}"; do
         # Every benchmark with its stock arm on a kernel-throttled slow volume the benchmark makes
         # itself (needs root): lookup and scan on slowvol:hdd (150 read IOPS, 200 MiB/s), oltp and
         # dw on slowvol:gp3 (3000 read IOPS, 125 MiB/s). Each volume is kept between the runs that
-        # share it, so that each database loads once; the last run on it takes it down. ~45 min.
+        # share it, so that each database loads once; the last run on it takes it down. ~30 min.
         H=(--data-device slowvol:hdd)
         G=(--data-device slowvol:gp3)
         run scan-slowvol scan "${H[@]}" --keep-volume
