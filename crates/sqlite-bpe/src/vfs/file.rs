@@ -327,15 +327,29 @@ unsafe extern "C" fn truncate(f: *mut sqlite3_file, size: i64) -> c_int {
     method!(f, SQLITE_IOERR_TRUNCATE, "xTruncate", |conn, real| {
         // The unix VFS rounds the size up to the chunk size (SQLITE_FCNTL_CHUNK_SIZE): the file
         // is SQLite's to size. Pages past the size SQLite asked for are forgotten.
+        let mut before: i64 = 0;
+        let known = unix!(real, xFileSize, &mut before) == SQLITE_OK;
         let rc = unix!(real, xTruncate, size);
         if rc == SQLITE_OK {
             conn.begin_writing();
-            let pages = (size as u64).div_ceil(conn.handle.page_size() as u64);
-            conn.txn_truncated = Some(conn.txn_truncated.map_or(pages, |t| t.min(pages)));
-            conn.engine.truncated(&conn.handle, size as u64);
+            if shrinks(known.then_some(before), size) {
+                let pages = (size as u64).div_ceil(conn.handle.page_size() as u64);
+                conn.txn_truncated = Some(conn.txn_truncated.map_or(pages, |t| t.min(pages)));
+                conn.engine.truncated(&conn.handle, size as u64);
+            }
         }
         rc
     })
+}
+
+/// Whether truncating a file of `before` bytes (None: unknown) to `size` can drop cached pages.
+/// Nothing is cached past a file's end (a read there caches nothing), so a truncation that does
+/// not shrink the file has nothing to forget. SQLite truncates the database to its own size at
+/// the end of every complete WAL checkpoint, and forgetting walks all of L1 and the extension's
+/// index: with SQLite's autocheckpoint in the committing connection, that walk was most of a
+/// TPC-C transaction's time (docs/BENCHMARKS.md, oltp without the writers' queue).
+fn shrinks(before: Option<i64>, size: i64) -> bool {
+    before.is_none_or(|b| size < b)
 }
 
 unsafe extern "C" fn sync(f: *mut sqlite3_file, flags: c_int) -> c_int {
@@ -665,4 +679,20 @@ unsafe extern "C" fn shm_unmap(f: *mut sqlite3_file, delete: c_int) -> c_int {
         conn.shm0 = std::ptr::null();
         unix!(real, xShmUnmap, delete)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shrinks;
+
+    #[test]
+    fn only_a_truncation_below_the_old_size_forgets_pages() {
+        assert!(
+            !shrinks(Some(8192), 8192),
+            "same size: a checkpoint's truncate"
+        );
+        assert!(!shrinks(Some(8192), 16384), "growing");
+        assert!(shrinks(Some(16384), 8192));
+        assert!(shrinks(None, 8192), "size unknown: forget, to be safe");
+    }
 }
