@@ -29,6 +29,6 @@ pub use engine::{
 pub use error::{Error, Result};
 pub use extension::{initial_index_bytes, MIN_EXTENSION_BYTES};
 pub use files::{FileHandle, FileInfo, KnownStamp, OpenKind, OpenRequest};
-pub use io::aligned::Scratch;
+pub use io::aligned::{Scratch, READAHEAD_BUFFERS_KEPT_BYTES};
 pub use io::{AlignedBuf, DataDevice, DeviceCharges, DeviceOp, FileIdentity, FileStamp};
 pub use page::{FileKey, PageKey, Tier};

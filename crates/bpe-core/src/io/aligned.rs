@@ -62,8 +62,13 @@ thread_local! {
 pub const LARGE_BYTES: usize = 2 << 20;
 
 /// Large buffers kept for reuse, process-wide (a scan's reader and the background readahead
-/// thread each hold one during a read): at most this many, 8 MiB.
-const LARGE_KEEP: usize = 4;
+/// thread each hold one during a read): at most this many. More readers at once allocate and
+/// free their own.
+const LARGE_KEEP: usize = 2;
+
+/// Memory the kept readahead buffers may hold once the first scans ran: a fixed overhead,
+/// reached at the first concurrent readaheads and not growing after.
+pub const READAHEAD_BUFFERS_KEPT_BYTES: usize = LARGE_KEEP * LARGE_BYTES;
 
 static LARGE_SPARES: std::sync::Mutex<Vec<LargeBuf>> = std::sync::Mutex::new(Vec::new());
 
