@@ -432,16 +432,39 @@ fn a_scan_served_by_the_extension_reads_consecutive_slots_ahead() {
     assert!(ext_reads >= 480, "{ext_reads} pages came from L2");
 }
 
+/// Pages in a readahead window (the page read and the pages after it): READAHEAD_BYTES, at most
+/// max server memory / READAHEAD_MEMORY_DIVISOR.
+fn readahead_window(memory: u64) -> u64 {
+    (bpe_core::config::READAHEAD_BYTES as u64)
+        .min(memory / bpe_core::config::READAHEAD_MEMORY_DIVISOR)
+        / PAGE as u64
+}
+
+/// Whether `page` (of the only file) is in L1.
+fn in_memory(engine: &bpe_core::Engine, page: u64) -> bool {
+    let l1 = |d: &bpe_core::BufferDescriptor| d.tier == Tier::Memory && d.page == page;
+    engine.descriptors().iter().any(l1)
+}
+
+/// Waits for a background readahead to bring `page` into L1.
+fn wait_until_in_memory(engine: &bpe_core::Engine, page: u64) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !in_memory(engine, page) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the window after the one being read never arrived"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn reading_a_page_read_ahead_from_the_extension_fetches_the_next_window_in_the_background() {
     let dir = tempdir();
     let path = make_file(dir.path(), "data", 2400, PAGE);
     let memory = 4u64 << 20; // ~1000 pages of RAM: room for three windows
     let engine = engine(memory);
-    // A window: the page read and the pages after it, READAHEAD_BYTES, at most max server memory.
-    let window = (bpe_core::config::READAHEAD_BYTES as u64)
-        .min(memory / bpe_core::config::READAHEAD_MEMORY_DIVISOR)
-        / PAGE as u64;
+    let window = readahead_window(memory);
     let (first_end, second_end) = (2 + window - 1, 2 + 2 * (window - 1));
     let f = engine.open_file(&path, PAGE).unwrap();
     engine
@@ -452,10 +475,7 @@ fn reading_a_page_read_ahead_from_the_extension_fetches_the_next_window_in_the_b
     }
     assert!(engine.wait_for_extension_writes(WAIT));
     // The scan's later pages filled RAM: its first windows are in L2 only.
-    let resident = |page: u64| {
-        let l1 = |d: &bpe_core::BufferDescriptor| d.tier == Tier::Memory && d.page == page;
-        engine.descriptors().iter().any(l1)
-    };
+    let resident = |page: u64| in_memory(&engine, page);
     // Pages 0-2 arm the stream; page 2's L2 hit reads 3..=first_end ahead in the foreground.
     for p in 0..3 {
         assert_eq!(read(&engine, &f, p).1, Tier::Extension);
@@ -468,14 +488,7 @@ fn reading_a_page_read_ahead_from_the_extension_fetches_the_next_window_in_the_b
     // The first read of that window queues the next one for the background thread.
     let before = engine.counters();
     assert_eq!(read(&engine, &f, 3).1, Tier::Memory);
-    let deadline = std::time::Instant::now() + WAIT;
-    while !resident(second_end) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the window after the one being read never arrived"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    wait_until_in_memory(&engine, second_end);
     let after = engine.counters();
     assert_eq!(after.ext_page_reads - before.ext_page_reads, window - 1);
     // The scan goes on through both windows without a read of its own.
@@ -493,15 +506,10 @@ fn reading_a_page_read_ahead_from_the_data_file_fetches_the_next_window_in_the_b
     let path = make_file(dir.path(), "data", 2400, PAGE);
     let memory = 8u64 << 20;
     let engine = engine(memory);
-    let window = (bpe_core::config::READAHEAD_BYTES as u64)
-        .min(memory / bpe_core::config::READAHEAD_MEMORY_DIVISOR)
-        / PAGE as u64;
+    let window = readahead_window(memory);
     let (first_end, second_end) = (2 + window - 1, 2 + 2 * (window - 1));
     let f = engine.open_file(&path, PAGE).unwrap();
-    let resident = |page: u64| {
-        let l1 = |d: &bpe_core::BufferDescriptor| d.tier == Tier::Memory && d.page == page;
-        engine.descriptors().iter().any(l1)
-    };
+    let resident = |page: u64| in_memory(&engine, page);
     // Pages 0-2 arm the stream; page 2's miss reads 3..=first_end with it, in the foreground.
     for p in 0..3 {
         assert_eq!(read(&engine, &f, p).1, Tier::DataFile);
@@ -514,14 +522,7 @@ fn reading_a_page_read_ahead_from_the_data_file_fetches_the_next_window_in_the_b
     // The first read of that window queues the next one for the background thread.
     let before = engine.counters();
     assert_eq!(read(&engine, &f, 3).1, Tier::Memory);
-    let deadline = std::time::Instant::now() + WAIT;
-    while !resident(second_end) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the window after the one being read never arrived"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    wait_until_in_memory(&engine, second_end);
     assert!(engine.wait_for_readahead(WAIT));
     let after = engine.counters();
     assert_eq!(after.readahead_pages - before.readahead_pages, window - 1);
