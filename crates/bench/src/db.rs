@@ -173,6 +173,11 @@ pub struct Counters {
     pub ext_bytes_written: u64,
     pub ext_admissions_dropped: u64,
     pub ext_checksum_failures: u64,
+    /// Read requests to the extension file and the microseconds they took (the request alone).
+    #[serde(default)]
+    pub ext_read_requests: u64,
+    #[serde(default)]
+    pub ext_read_micros: u64,
     /// Times a file's cached pages were all dropped because it changed under the engine.
     #[serde(default)]
     pub file_invalidations: u64,
@@ -209,6 +214,8 @@ impl Counters {
             ext_bytes_written: d(a.ext_bytes_written, b.ext_bytes_written),
             ext_admissions_dropped: d(a.ext_admissions_dropped, b.ext_admissions_dropped),
             ext_checksum_failures: d(a.ext_checksum_failures, b.ext_checksum_failures),
+            ext_read_requests: d(a.ext_read_requests, b.ext_read_requests),
+            ext_read_micros: d(a.ext_read_micros, b.ext_read_micros),
             file_invalidations: d(a.file_invalidations, b.file_invalidations),
             pages_forgotten: d(a.pages_forgotten, b.pages_forgotten),
             ext_sequential_write_percent: b.ext_sequential_write_percent,

@@ -279,6 +279,9 @@ pub fn run(a: &LookupArgs) -> anyhow::Result<BenchReport> {
 
 /// Loads the table (unless a complete one is there), measures the physical reference, then
 /// runs each configuration of `plan` in a process of its own; prints nothing on stdout.
+/// The configuration the physical limit judges.
+const LIMIT_CONFIG: &str = "limited_memory_bpe";
+
 pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
     let Plan { rows, lookups, .. } = *plan;
     let memory_mb = plan.memory_mb;
@@ -311,6 +314,11 @@ pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
         "stock_enough_memory_cgroup_mb": enough_cgroup_mb,
         "zipf_exponent": zipf::LOOKUP_EXPONENT,
     });
+    // The physical limit's latency, re-measured beside the configuration it judges.
+    let probe = match &report.reference {
+        Some(_) => reference::Probe::new(&storage.ext_dir)?,
+        None => None,
+    };
     let runner = Runner {
         bench: "lookup",
         storage,
@@ -343,11 +351,19 @@ pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
             warm: shape.warm,
             distribution: shape.distribution,
         };
-        let results = match (shape.stock, shape.memory) {
+        let beside = probe.as_ref().filter(|_| name == LIMIT_CONFIG);
+        let before = beside.map(reference::Probe::rand_read_4k_qd1);
+        let mut results = match (shape.stock, shape.memory) {
             (true, Memory::Enough) => runner.run_stock(setup, run, memory, enough_cgroup_mb)?,
             (true, Memory::Limited) => runner.run_stock(setup, run, memory, cgroup_mb)?,
             (false, _) => runner.run(setup, run, memory, !shape.fast_disk)?,
         };
+        if let (Some(p), Some(before), Some(r)) = (beside, before, results.first_mut()) {
+            r.details["reference_beside"] = json!({
+                "before": before,
+                "after": p.rand_read_4k_qd1(),
+            });
+        }
         report.configs.extend(results);
     }
     report.summary = summarize(&report, lookups);
@@ -464,7 +480,7 @@ fn summarize(r: &BenchReport, lookups: u64) -> serde_json::Value {
     let (ram, lim, bpe, ssd) = (
         secs("ram_resident"),
         secs("limited_memory"),
-        secs("limited_memory_bpe"),
+        secs(LIMIT_CONFIG),
         secs("ssd_cold"),
     );
     let mut s = json!({});
@@ -501,20 +517,41 @@ fn summarize(r: &BenchReport, lookups: u64) -> serde_json::Value {
         });
     }
     if let (Some(cfg), Some(m), Some(reference)) =
-        (r.config("limited_memory_bpe"), ram, r.reference.as_ref())
+        (r.config(LIMIT_CONFIG), ram, r.reference.as_ref())
     {
         let l2_per_lookup = cfg.counters.ext_page_reads as f64 / lookups as f64;
         let data_per_lookup = cfg.counters.page_reads as f64 / lookups as f64;
-        let latency_s = reference.rand_read_4k_qd1.mean_us / 1e6;
+        // The device as it was around the configuration's run when measured there (the mean of
+        // the probes before and after it), else the run-start reference.
+        let beside = &cfg.details["reference_beside"];
+        let beside_us = ["before", "after"]
+            .map(|w| beside[w]["mean_us"].as_f64())
+            .into_iter()
+            .collect::<Option<Vec<f64>>>()
+            .map(|v| v.iter().sum::<f64>() / v.len() as f64);
+        let latency_us = beside_us.unwrap_or(reference.rand_read_4k_qd1.mean_us);
+        let latency_s = latency_us / 1e6;
         let ram_per_lookup = m / lookups as f64;
         let limit = lookups as f64 * (latency_s * l2_per_lookup + ram_per_lookup);
         s["physical_limit"] = json!({
-            "device_read_latency_us": reference.rand_read_4k_qd1.mean_us,
+            "device_read_latency_us": latency_us,
+            "device_read_latency_measured": if beside_us.is_some() {
+                "beside the configuration (mean of before and after)"
+            } else {
+                "at the run's start"
+            },
+            "run_start_latency_us": reference.rand_read_4k_qd1.mean_us,
             "l2_reads_per_lookup": l2_per_lookup,
             "data_reads_per_lookup": data_per_lookup,
             "ram_lookup_us": ram_per_lookup * 1e6,
             "limit_seconds": limit,
             "bpe_over_limit": ratio(cfg.seconds, limit),
+            // Where a lookup's time went: the L2 requests as the core timed them, the in-RAM
+            // work, and the rest (the engine's miss path: eviction, install, checksum, copies).
+            "per_lookup_us": cfg.seconds * 1e6 / lookups as f64,
+            "l2_request_us": (cfg.counters.ext_read_micros as f64)
+                / cfg.counters.ext_read_requests.max(1) as f64,
+            "l2_request_us_per_lookup": cfg.counters.ext_read_micros as f64 / lookups as f64,
         });
     }
     s
@@ -612,12 +649,23 @@ fn print_results(r: &BenchReport) {
     }
     if let Some(p) = s.get("physical_limit") {
         println!(
-            "physical limit for limited_memory_bpe:   {} = {:.2} L2 reads/lookup x {:.1} µs + {:.1} µs in RAM, per lookup; measured / limit = {:.2}",
+            "physical limit for limited_memory_bpe:   {} = {:.2} L2 reads/lookup x {:.1} µs ({}; {:.1} µs at the run's start) + {:.1} µs in RAM, per lookup; measured / limit = {:.2}",
             fmt_duration(p["limit_seconds"].as_f64().unwrap_or(0.0)),
             p["l2_reads_per_lookup"].as_f64().unwrap_or(0.0),
             p["device_read_latency_us"].as_f64().unwrap_or(0.0),
+            p["device_read_latency_measured"].as_str().unwrap_or(""),
+            p["run_start_latency_us"].as_f64().unwrap_or(0.0),
             p["ram_lookup_us"].as_f64().unwrap_or(0.0),
             p["bpe_over_limit"].as_f64().unwrap_or(0.0),
+        );
+        let f = |k: &str| p[k].as_f64().unwrap_or(0.0);
+        println!(
+            "  per lookup: {:.1} µs = {:.1} µs in L2 requests ({:.1} µs each as the core timed them) + {:.1} µs as in RAM + {:.1} µs in the engine's miss path",
+            f("per_lookup_us"),
+            f("l2_request_us_per_lookup"),
+            f("l2_request_us"),
+            f("ram_lookup_us"),
+            f("per_lookup_us") - f("l2_request_us_per_lookup") - f("ram_lookup_us"),
         );
     }
 }

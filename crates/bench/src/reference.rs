@@ -104,6 +104,50 @@ pub fn measure(dir: &Path, mib: u64) -> anyhow::Result<Reference> {
     Ok(r)
 }
 
+/// A written scratch file on the extension's file system for re-measuring 4 KiB QD1 reads
+/// right before and after one configuration: this disk's latency drifts by the hour, so a limit
+/// computed from the figure taken minutes earlier at the run's start can be off by a third.
+pub struct Probe {
+    file: File,
+    len: u64,
+    _guard: RemoveOnDrop,
+}
+
+/// Bytes of the probe's file: larger than any cache the device could hold for it is not
+/// needed (O_DIRECT bypasses ours, and the same holds for the run-start reference).
+const PROBE_MIB: u64 = 256;
+
+impl Probe {
+    /// Writes the probe's file in `dir` (None if the file system refuses O_DIRECT).
+    pub fn new(dir: &Path) -> anyhow::Result<Option<Probe>> {
+        let path = dir.join(format!("bench-probe-{}.tmp", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let guard = RemoveOnDrop(path.clone());
+        let (file, direct_io) = open(&path)?;
+        if !direct_io {
+            return Ok(None);
+        }
+        let mut buf = AlignedBuf::new(MIB as usize);
+        buf.iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = (i * 13 + 1) as u8);
+        for i in 0..PROBE_MIB {
+            file.write_all_at(&buf, i * MIB)?;
+        }
+        file.sync_data()?;
+        Ok(Some(Probe {
+            file,
+            len: PROBE_MIB * MIB,
+            _guard: guard,
+        }))
+    }
+
+    /// 4 KiB random O_DIRECT reads at queue depth 1 for 1.5 s.
+    pub fn rand_read_4k_qd1(&self) -> Latency {
+        random_reads(&self.file, self.len, 4096, 1, Duration::from_millis(1500))
+    }
+}
+
 fn open(path: &Path) -> anyhow::Result<(File, bool)> {
     let mut o = OpenOptions::new();
     o.read(true).write(true).create_new(true);

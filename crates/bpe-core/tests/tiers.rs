@@ -32,6 +32,9 @@ fn evicted_pages_are_served_from_the_extension_after_sequential_writes() {
         "only {from_ext} of 600 pages came from the extension"
     );
     assert_eq!(c.ext_page_reads as usize, from_ext);
+    // In random order each L2 hit is a request of its own, and each request is timed.
+    assert_eq!(c.ext_read_requests, c.ext_page_reads);
+    assert!(c.ext_read_micros > 0);
     assert!(
         c.ext_page_writes >= 400,
         "{} extension writes",
@@ -413,7 +416,8 @@ fn a_scan_served_by_the_extension_reads_consecutive_slots_ahead() {
         read(&engine, &f, p);
     }
     assert!(engine.wait_for_extension_writes(WAIT));
-    let reads_before = engine.counters().ext_page_reads;
+    let before = engine.counters();
+    let reads_before = before.ext_page_reads;
     let mut tiers = std::collections::HashMap::new();
     for p in 0..600 {
         let (bytes, tier) = read(&engine, &f, p);
@@ -428,8 +432,15 @@ fn a_scan_served_by_the_extension_reads_consecutive_slots_ahead() {
         from_ext_one_by_one <= 40,
         "{from_ext_one_by_one} pages were read from L2 one at a time ({tiers:?})"
     );
-    let ext_reads = engine.counters().ext_page_reads - reads_before;
+    let after = engine.counters();
+    let ext_reads = after.ext_page_reads - reads_before;
     assert!(ext_reads >= 480, "{ext_reads} pages came from L2");
+    // The timed requests count requests, not pages: readahead brought many pages per request.
+    let requests = after.ext_read_requests - before.ext_read_requests;
+    assert!(
+        requests * 4 <= ext_reads,
+        "{requests} L2 read requests for {ext_reads} pages"
+    );
 }
 
 /// Pages in a readahead window (the page read and the pages after it): READAHEAD_BYTES, at most

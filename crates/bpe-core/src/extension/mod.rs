@@ -259,9 +259,7 @@ impl Extension {
         }
         let (start, skip, len) = aligned_span(loc.offset, loc.len);
         let mut block = Scratch::new(len);
-        self.counters.ext_outstanding_io.fetch_add(1, Relaxed);
-        let res = self.file.read_at(start, &mut block[..len]);
-        self.counters.ext_outstanding_io.fetch_sub(1, Relaxed);
+        let res = self.read_request(start, &mut block[..len]);
         let page = &block[skip..skip + loc.len];
         match res {
             Err(e) => {
@@ -287,6 +285,19 @@ impl Extension {
                 true
             }
         }
+    }
+
+    /// One read request to the file, counted as outstanding while it runs and timed.
+    fn read_request(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let c = &self.counters;
+        c.ext_outstanding_io.fetch_add(1, Relaxed);
+        let started = Instant::now();
+        let res = self.file.read_at(offset, buf);
+        c.ext_read_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Relaxed);
+        c.ext_read_requests.fetch_add(1, Relaxed);
+        c.ext_outstanding_io.fetch_sub(1, Relaxed);
+        res
     }
 
     fn touch_region(&self, offset: u64) {
@@ -324,9 +335,7 @@ impl Extension {
         let first = run.first()?;
         let (start, skip, len) = aligned_span(first.offset, page_len * run.len());
         let mut block = Scratch::new(len);
-        self.counters.ext_outstanding_io.fetch_add(1, Relaxed);
-        let res = self.file.read_at(start, &mut block[..len]);
-        self.counters.ext_outstanding_io.fetch_sub(1, Relaxed);
+        let res = self.read_request(start, &mut block[..len]);
         if let Err(e) = res {
             Counters::bump(&self.counters.ext_io_errors);
             self.fault(format!("read error: {e}"));
