@@ -277,11 +277,11 @@ pub fn run(a: &LookupArgs) -> anyhow::Result<BenchReport> {
     Ok(report)
 }
 
-/// Loads the table (unless a complete one is there), measures the physical reference, then
-/// runs each configuration of `plan` in a process of its own; prints nothing on stdout.
 /// The configuration the physical limit judges.
 const LIMIT_CONFIG: &str = "limited_memory_bpe";
 
+/// Loads the table (unless a complete one is there), measures the physical reference, then
+/// runs each configuration of `plan` in a process of its own; prints nothing on stdout.
 pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
     let Plan { rows, lookups, .. } = *plan;
     let memory_mb = plan.memory_mb;
