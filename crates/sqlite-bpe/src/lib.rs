@@ -48,10 +48,12 @@ static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
 fn install_process_wide() -> Result<(), String> {
     INSTALLED
         .get_or_init(|| {
-            process::configure(EnvConfig::from_env()?);
+            let env = EnvConfig::from_env()?;
+            let default_vfs = env.default_vfs;
+            process::configure(env);
             // Created now, so that an extension configured in the environment starts at load.
             engine();
-            vfs::register(false)?;
+            vfs::register(default_vfs)?;
             if api::auto_extension(connection_init) != SQLITE_OK {
                 return Err("cannot register the bpe auto-extension".into());
             }

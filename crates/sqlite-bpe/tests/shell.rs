@@ -47,3 +47,46 @@ PRAGMA integrity_check;
         "the extension file outlived the shell process"
     );
 }
+
+/// `BPE_DEFAULT_VFS=1` at load makes a plain file name go through the pool (for hosts and ORMs
+/// that cannot pass `?vfs=bpe`); unset, the shell's databases stay on SQLite's own VFS; a value
+/// other than 0 or 1 fails the load with a message that names the variable.
+#[test]
+fn bpe_default_vfs_serves_plain_file_names_through_the_pool() {
+    let lib = extension_library();
+    let lib = lib.with_extension("");
+    let dir = tempdir();
+    let script = format!(
+        r#".load {lib}
+.open plain.db
+CREATE TABLE t(id INTEGER PRIMARY KEY, n TEXT);
+WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 500)
+  INSERT INTO t SELECT i, printf('%.500c', 'A') FROM c;
+SELECT sum(length(n)) FROM t;
+SELECT 'cached=' || count(*) FROM bpe_buffer_descriptors;
+"#,
+        lib = lib.display()
+    );
+    let (out, err, ok) = run_shell_with_env(dir.path(), &script, &[("BPE_DEFAULT_VFS", "1")]);
+    assert!(ok && err.is_empty(), "shell failed: {err}\n{out}");
+    assert!(out.contains("250000"), "{out}");
+    let cached: i64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("cached="))
+        .unwrap_or_else(|| panic!("no cached= in:\n{out}"))
+        .parse()
+        .unwrap();
+    assert!(cached > 0, "{out}");
+
+    let (out, err, ok) =
+        run_shell_with_env(dir.path(), &script.replace("plain.db", "other.db"), &[]);
+    assert!(ok && err.is_empty(), "shell failed: {err}\n{out}");
+    assert!(out.contains("cached=0"), "{out}");
+
+    let (out, err, _) = run_shell_with_env(
+        dir.path(),
+        &format!(".load {}\n", lib.display()),
+        &[("BPE_DEFAULT_VFS", "yes")],
+    );
+    assert!(err.contains("BPE_DEFAULT_VFS"), "{err}\n{out}");
+}

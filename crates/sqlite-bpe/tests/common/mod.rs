@@ -80,10 +80,20 @@ pub fn sqlite3_shell() -> Option<PathBuf> {
 
 /// Runs `script` in the stock sqlite3 shell; returns (stdout, stderr, success).
 pub fn run_shell(dir: &Path, script: &str) -> (String, String, bool) {
+    run_shell_with_env(dir, script, &[])
+}
+
+/// [`run_shell`] with these environment variables set for the shell.
+pub fn run_shell_with_env(
+    dir: &Path,
+    script: &str,
+    env: &[(&str, &str)],
+) -> (String, String, bool) {
     use std::io::Write;
     let shell =
         sqlite3_shell().expect("the sqlite3 shell is not installed (apt-get install sqlite3)");
     let mut child = std::process::Command::new(shell)
+        .envs(env.iter().copied())
         .arg("-batch")
         .current_dir(dir)
         .stdin(std::process::Stdio::piped())
