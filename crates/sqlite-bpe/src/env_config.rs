@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `BPE_MAX_SERVER_MEMORY_MB` | max server memory in MB (default 128) |
 //! | `BPE_EXTENSION_FILE`, `BPE_EXTENSION_SIZE` | enable the extension at that absolute path with that size (`4GB`, `512 MB`, ...) |
-//! | `BPE_DEFAULT_VFS` | `1` to make `bpe` the process's default VFS when the library loads: a plain file name (no `?vfs=bpe`) is then served by the pool, for hosts and ORMs that cannot pass URIs. Every database the process opens afterwards goes through the pool, its temporary files aside (default `0`) |
+//! | `BPE_DEFAULT_VFS` | `1` to make `bpe` the process's default VFS when the library loads: a plain file name (no `?vfs=bpe`) is then served by the pool, for hosts and ORMs that cannot pass URIs. Every main database the process opens afterwards goes through the pool (default `0`) |
 //! | `BPE_DIRECT_IO` | `0` to read data files through the OS page cache (default `1`) |
 //! | `BPE_READAHEAD` | `0` to turn readahead off (default `1`) |
 //! | `BPE_DATA_LATENCY_US`, `BPE_DATA_WRITE_LATENCY_US`, `BPE_DATA_SYNC_LATENCY_US` | emulate a slow data device (benchmarks only): microseconds per read, per write, per sync (at most 1 s) |
@@ -125,8 +125,6 @@ fn device_emulation_from(
 pub struct EnvConfig {
     pub config: Config,
     pub extension: Option<(PathBuf, u64)>,
-    /// `BPE_DEFAULT_VFS=1`: register `bpe` as the process's default VFS.
-    pub default_vfs: bool,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -148,6 +146,15 @@ fn flag(name: &str, value: &str) -> Result<bool, String> {
     }
 }
 
+/// Whether `BPE_DEFAULT_VFS` asks for `bpe` as the default VFS. Read at every load (the rest of
+/// the environment only at the first), so a host can load once plainly and again to switch.
+pub fn default_vfs_from_env() -> Result<bool, String> {
+    match var("BPE_DEFAULT_VFS") {
+        Some(v) => flag("BPE_DEFAULT_VFS", &v),
+        None => Ok(false),
+    }
+}
+
 /// A size such as `4GB` or `512 MB` ([`bpe_tsql::parse_size`], as `SIZE =` reads it); the error
 /// names the setting.
 pub fn parse_size(name: &str, value: &str) -> Result<u64, String> {
@@ -165,10 +172,6 @@ impl EnvConfig {
             check_max_memory(bytes, 0).map_err(|e| format!("BPE_MAX_SERVER_MEMORY_MB={v}: {e}"))?;
             config.max_memory = bytes;
         }
-        let default_vfs = match var("BPE_DEFAULT_VFS") {
-            Some(v) => flag("BPE_DEFAULT_VFS", &v)?,
-            None => false,
-        };
         if let Some(v) = var("BPE_DIRECT_IO") {
             config.direct_io = flag("BPE_DIRECT_IO", &v)?;
         }
@@ -186,11 +189,7 @@ impl EnvConfig {
             }
             _ => return Err("BPE_EXTENSION_FILE and BPE_EXTENSION_SIZE go together".into()),
         };
-        Ok(EnvConfig {
-            config,
-            extension,
-            default_vfs,
-        })
+        Ok(EnvConfig { config, extension })
     }
 
     /// Carries the settings out on a new engine: the extension, through the same statement SQL

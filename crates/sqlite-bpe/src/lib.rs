@@ -44,22 +44,24 @@ pub fn existing_engine() -> Option<Arc<Engine>> {
 static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
 
 /// Reads the configuration, creates the engine and registers the VFS and the auto-extension,
-/// once per process.
+/// once per process; makes `bpe` the default VFS whenever `BPE_DEFAULT_VFS=1` at the call.
 fn install_process_wide() -> Result<(), String> {
     INSTALLED
         .get_or_init(|| {
-            let env = EnvConfig::from_env()?;
-            let default_vfs = env.default_vfs;
-            process::configure(env);
+            process::configure(EnvConfig::from_env()?);
             // Created now, so that an extension configured in the environment starts at load.
             engine();
-            vfs::register(default_vfs)?;
+            vfs::register(false)?;
             if api::auto_extension(connection_init) != SQLITE_OK {
                 return Err("cannot register the bpe auto-extension".into());
             }
             Ok(())
         })
-        .clone()
+        .clone()?;
+    if env_config::default_vfs_from_env()? {
+        vfs::register(true)?;
+    }
+    Ok(())
 }
 
 /// Registers the functions and virtual tables on one connection.
