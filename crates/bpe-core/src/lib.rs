@@ -16,6 +16,7 @@ mod io;
 pub mod page;
 /// Public for the replacement-policy study (tools/policy-study), which drives L1 on traces.
 pub mod pool;
+pub mod published;
 mod readahead;
 /// The ranked locks, for clients that keep per-file state under the engine's lock order.
 pub mod sync;

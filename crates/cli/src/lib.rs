@@ -1,10 +1,11 @@
-//! The `sqlite-bpe` command as a library: the shell, and the demo (the benchmarks' lookup
-//! experiment at demo scale). Both print their tables with the benchmarks' `bpe_bench::table`.
+//! The `sqlite-bpe` command as a library: the shell, the demo (the benchmarks' lookup
+//! experiment at demo scale) and the live monitor. Both print their tables with the benchmarks' `bpe_bench::table`.
 //!
 //! Everything runs on SQLite through the adapter's `bpe` VFS, so the buffer pool and its
 //! extension sit under every page SQLite reads.
 
 pub mod demo;
+pub mod monitor;
 pub mod shell;
 pub mod tsql;
 

@@ -1,7 +1,7 @@
 //! `sqlite-bpe`: SQLite with a buffer pool extension, after SQL Server's.
 
 use clap::{Parser, Subcommand};
-use sqlite_bpe_cli::{demo, shell};
+use sqlite_bpe_cli::{demo, monitor, shell};
 
 #[derive(Parser)]
 #[command(
@@ -33,6 +33,13 @@ enum Command {
     Demo(demo::DemoOptions),
     /// The published SQL Server BPE experiments, rerun on sqlite-bpe.
     Bench(bpe_bench::BenchArgs),
+    /// A running process's Buffer Manager counters, live (like perfmon); lists processes
+    /// without --pid.
+    ///
+    /// Every process with a sqlite-bpe engine publishes its counters about once a second for
+    /// other processes of the same user (/dev/shm/sqlite-bpe-UID, mode 0700). --once and --json
+    /// print one sample for scripts.
+    Monitor(monitor::MonitorArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -48,5 +55,6 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Demo(options) => demo::run(&options),
         Command::Bench(args) => bpe_bench::run(args),
+        Command::Monitor(args) => monitor::run(&args),
     }
 }

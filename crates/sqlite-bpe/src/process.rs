@@ -13,7 +13,7 @@
 //! exits never deletes its parent's file.
 
 use crate::env_config::EnvConfig;
-use bpe_core::Engine;
+use bpe_core::{published, Engine};
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
@@ -124,7 +124,31 @@ pub fn engine() -> Arc<Engine> {
     let engine = Engine::new(config.config.clone());
     config.apply(&engine);
     *slot = Some((gen, pid(), engine.clone()));
+    start_publisher(&engine, gen);
     engine
+}
+
+/// How often the counters are published for `sqlite-bpe monitor`.
+const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Publishes the engine's counters about once a second, off the query path, for other
+/// processes of this user (`bpe_core::published`); stops with the engine, or for good if the
+/// counters directory is not this user's alone.
+fn start_publisher(engine: &Arc<Engine>, gen: u64) {
+    let engine = Arc::downgrade(engine);
+    let _ = std::thread::Builder::new()
+        .name("bpe-publisher".into())
+        .spawn(move || loop {
+            let Some(e) = engine.upgrade().filter(|_| generation() == gen) else {
+                return;
+            };
+            let sample = published::Sample::now(&e.counters().rows(), e.extension_status().state);
+            drop(e);
+            if published::publish(&sample).is_err() {
+                return;
+            }
+            std::thread::sleep(PUBLISH_EVERY);
+        });
 }
 
 /// The engine if this generation has one already.
@@ -225,5 +249,8 @@ extern "C" fn remove_extension_at_exit() {
         if *gen == generation() && *creator == pid() {
             engine.remove_extension_file_at_exit();
         }
+    }
+    if slot.is_some() {
+        published::unpublish(pid());
     }
 }
