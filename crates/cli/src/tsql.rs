@@ -9,8 +9,9 @@ pub use bpe_tsql::lex::{go_count, is_blank};
 use bpe_tsql::lex::{scan, PieceKind};
 
 /// SQL Server's DMV names and the adapter's tables that answer them.
-const DMVS: [(&str, &str); 3] = [
+const DMVS: [(&str, &str); 4] = [
     ("sys.dm_os_performance_counters", "bpe_performance_counters"),
+    ("sys.allocation_units", "bpe_allocation_units"),
     ("sys.dm_os_buffer_descriptors", "bpe_buffer_descriptors"),
     (
         "sys.dm_os_buffer_pool_extension_configuration",
@@ -145,9 +146,70 @@ fn operator_lines(lines: &[&str]) -> Option<usize> {
 
 fn flush_sql(sql: &mut String, parts: &mut Vec<Part>) {
     if !is_blank(sql) {
-        parts.push(Part::Sql(rewrite_dmv_names(sql)));
+        parts.push(Part::Sql(rewrite_top(&rewrite_dmv_names(sql))));
     }
     sql.clear();
+}
+
+/// `SELECT [DISTINCT | ALL] TOP n ...` or `TOP (n)` as SQLite's `SELECT ... LIMIT n`: T-SQL's
+/// row limit at the head of a statement, as DBA scripts write it. Only a statement's own
+/// leading SELECT (not a subquery's), and only when it has no LIMIT already; `TOP n PERCENT`
+/// and `WITH TIES` are left as they are, so SQLite's error names them.
+pub fn rewrite_top(sql: &str) -> String {
+    let all = scan(sql);
+    let code: Vec<usize> = (0..all.len())
+        .filter(|&i| {
+            !matches!(
+                all[i].kind,
+                PieceKind::Blank | PieceKind::LineComment | PieceKind::BlockComment { .. }
+            )
+        })
+        .collect();
+    let word = |k: usize| code.get(k).map(|&i| all[i].text(sql).to_ascii_lowercase());
+    if word(0).as_deref() != Some("select") {
+        return sql.to_string();
+    }
+    let mut k = 1;
+    if matches!(word(k).as_deref(), Some("distinct" | "all")) {
+        k += 1;
+    }
+    if word(k).as_deref() != Some("top") {
+        return sql.to_string();
+    }
+    let top = code[k];
+    // `n` or `( n )`.
+    let (count, last) = match (word(k + 1).as_deref(), word(k + 2), word(k + 3)) {
+        (Some("("), Some(n), Some(close)) if close == ")" => (n, code[k + 3]),
+        (Some(n), _, _) => (n.to_string(), code[k + 1]),
+        _ => return sql.to_string(),
+    };
+    let next = word(if all[last].text(sql) == ")" {
+        k + 4
+    } else {
+        k + 2
+    });
+    let has_limit = code
+        .iter()
+        .any(|&i| all[i].text(sql).eq_ignore_ascii_case("limit"));
+    if !count.bytes().all(|b| b.is_ascii_digit())
+        || matches!(next.as_deref(), Some("percent" | "with"))
+        || has_limit
+    {
+        return sql.to_string();
+    }
+    // The LIMIT goes before the statement's `;` (or at its end).
+    let end = code
+        .iter()
+        .rev()
+        .find(|&&i| all[i].kind == PieceKind::Punct(';'))
+        .map_or(sql.trim_end().len(), |&i| all[i].start);
+    let head = &sql[..all[top].start];
+    let body = sql[all[last].end..end].trim_end();
+    format!(
+        "{head}{} LIMIT {count}{}",
+        body.trim_start_matches(' '),
+        &sql[end..]
+    )
 }
 
 /// Replaces SQL Server's DMV names (any case) with the adapter's tables, outside strings and
@@ -181,6 +243,29 @@ pub fn rewrite_dmv_names(sql: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn top_n_becomes_limit_n() {
+        assert_eq!(
+            rewrite_top("SELECT TOP 5 * FROM t ORDER BY a;\n"),
+            "SELECT * FROM t ORDER BY a LIMIT 5;\n"
+        );
+        assert_eq!(
+            rewrite_top("select distinct top (3) a from t"),
+            "select distinct a from t LIMIT 3"
+        );
+        // Left alone: no TOP, a subquery's TOP, PERCENT, an existing LIMIT, a non-number.
+        for same in [
+            "SELECT a FROM t;",
+            "SELECT a FROM (SELECT TOP 2 a FROM t);",
+            "SELECT TOP 10 PERCENT a FROM t;",
+            "SELECT TOP 2 a FROM t LIMIT 1;",
+            "SELECT TOP x a FROM t;",
+            "SELECT 'TOP 5' FROM t;",
+        ] {
+            assert_eq!(rewrite_top(same), same);
+        }
+    }
 
     #[test]
     fn go_lines() {

@@ -168,3 +168,68 @@ fn a_clean_script_exits_zero_and_the_last_batch_runs_without_go() {
     assert_eq!(run.code, Some(0));
     assert_eq!(run.stdout, "x\n-\na\nb\n");
 }
+
+/// The DBA scripts of SQL Server's BPE write-ups, as written (the decoded report's trailing `|`,
+/// a formatting slip in the paper, aside): the counters by object name, `SELECT *` of the
+/// descriptors with `GO`, and the decoded report with DB_NAME, FILE_NAME, DB_ID, CASE, a
+/// subquery on sys.allocation_units and a CAST; then T-SQL's `TOP n`.
+#[test]
+fn the_seed_dba_scripts_run_as_written() {
+    let dir = tempdir();
+    let script = r#"CREATE TABLE t(id INTEGER PRIMARY KEY, n TEXT);
+WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 300) INSERT INTO t SELECT i, printf('%.500c', 'A') FROM c;
+SELECT * FROM sys.dm_os_performance_counters
+WHERE object_name LIKE '%Buffer Manager%'
+ORDER BY counter_name
+GO
+SELECT * FROM sys.dm_os_buffer_descriptors;
+GO
+select db_name(database_id) databaseName,
+       file_name(file_id) fileName,
+       CASE
+         WHEN page_id = 0 THEN 'File Header Page m_type 15'
+         WHEN page_id = 1 OR page_id % 8088 = 0 THEN 'PFS m_type 11'
+         WHEN page_id = 2 OR page_id % 511232 = 0 THEN 'GAM m_type 8'
+         WHEN page_id = 3 OR (page_id - 1) % 511232 = 0 THEN 'SGAM m_type 9'
+         WHEN page_id = 6 OR (page_id - 6) % 511232 = 0 THEN 'DCM m_type 16'
+         WHEN page_id = 7 OR (page_id - 7) % 511232 = 0 THEN 'BCM m_type 17'
+         WHEN page_id = 9 AND file_id = 1 THEN 'Boot Page m_type 13'
+         WHEN page_id = 10 AND DB_ID() = 1 THEN
+           'config page &gt; sp_configure settings only present in master m_type 14'
+         ELSE 'Other'
+       END page_type,
+       page_level,
+       (select type_desc from sys.allocation_units where
+        sys.allocation_units.allocation_unit_id =
+          sys.dm_os_buffer_descriptors.allocation_unit_id) as allocation_type_desc,
+       page_type,
+       row_count,
+       free_space_in_bytes,
+       cast(free_space_in_bytes as numeric)/1024 as free_space_in_mega_bytes,
+       is_modified,
+       numa_node,
+       read_microsec,
+       is_in_bpool_extension
+from sys.dm_os_buffer_descriptors;
+SELECT 'ids=' || count(DISTINCT database_id) || ',' || (DB_ID() = max(database_id)) FROM sys.dm_os_buffer_descriptors;
+SELECT 'file=' || FILE_NAME(1) || ',' || ifnull(FILE_NAME(2), 'null');
+SELECT 'name_ends=' || (DB_NAME(DB_ID()) LIKE '%test.db') || ',' || ifnull(DB_NAME(999), 'null');
+SELECT TOP 3 counter_name FROM sys.dm_os_performance_counters ORDER BY counter_name;
+"#;
+    let run = shell(dir.path(), script);
+    assert_eq!(run.stderr, "", "unexpected errors");
+    assert_eq!(run.code, Some(0));
+    assert_has(&run.stdout, "Page lookups/sec", "the counters script");
+    assert_has(&run.stdout, "TABLE_LEAF", "the descriptors");
+    assert_has(&run.stdout, "test.db", "DB_NAME in the decoded report");
+    assert_has(&run.stdout, "ids=1,1", "DB_ID against the descriptors");
+    assert_has(&run.stdout, "file=test.db,null", "FILE_NAME");
+    assert_has(&run.stdout, "name_ends=1,null", "DB_NAME");
+    // TOP 3: exactly three counter names after the previous line.
+    let after = run.stdout.split("name_ends=1,null").nth(1).unwrap();
+    let rows = after
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("counter_name") && !l.starts_with('-'))
+        .count();
+    assert_eq!(rows, 3, "{after}");
+}

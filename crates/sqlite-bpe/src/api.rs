@@ -40,6 +40,10 @@ extern "C" {
     fn bpe_result_error(c: *mut sqlite3_context, s: *const c_char, n: c_int);
     fn bpe_value_text(v: *mut sqlite3_value) -> *const u8;
     fn bpe_value_bytes(v: *mut sqlite3_value) -> c_int;
+    fn bpe_value_type(v: *mut sqlite3_value) -> c_int;
+    fn bpe_value_int64(v: *mut sqlite3_value) -> i64;
+    fn bpe_context_db_handle(c: *mut sqlite3_context) -> *mut sqlite3;
+    fn bpe_db_filename(db: *mut sqlite3, name: *const c_char) -> *const c_char;
 }
 
 /// Points the shim at a SQLite's routines table.
@@ -193,6 +197,21 @@ impl Context {
         // SAFETY: ctx is live for this callback.
         unsafe { bpe_result_null(self.0) }
     }
+    /// The file of the calling connection's main database (None for in-memory and temporary
+    /// databases).
+    pub fn main_db_filename(&self) -> Option<String> {
+        // SAFETY: ctx is live for this callback, so is its connection; SQLite owns the returned
+        // string for as long as the database stays attached, and we copy it at once.
+        unsafe {
+            let db = bpe_context_db_handle(self.0);
+            let p = bpe_db_filename(db, c"main".as_ptr());
+            if p.is_null() {
+                return None;
+            }
+            let name = CStr::from_ptr(p).to_string_lossy().into_owned();
+            (!name.is_empty()).then_some(name)
+        }
+    }
     pub fn error(&self, msg: &str) {
         // SAFETY: ctx is live for this callback; SQLite copies the message.
         unsafe { bpe_result_error(self.0, msg.as_ptr() as *const c_char, msg.len() as c_int) }
@@ -216,4 +235,14 @@ pub unsafe fn value_text(v: *mut sqlite3_value) -> Option<String> {
             .ok()
             .map(str::to_owned)
     }
+}
+
+/// An integer argument (None for NULL).
+///
+/// # Safety
+/// `v` must be an argument SQLite passed to the current callback.
+pub unsafe fn value_int(v: *mut sqlite3_value) -> Option<i64> {
+    const SQLITE_NULL: c_int = 5;
+    // SAFETY: forwarded contract.
+    unsafe { (bpe_value_type(v) != SQLITE_NULL).then(|| bpe_value_int64(v)) }
 }

@@ -1,17 +1,112 @@
-//! `bpe_exec(text)`: SQL Server's operator statements, as an SQL function.
+//! `bpe_exec(text)`: SQL Server's operator statements, as an SQL function; and the metadata
+//! functions SQL Server's DBA scripts call on the DMVs' ids: `DB_ID()`, `DB_NAME(database_id)`,
+//! `FILE_NAME(file_id)`.
+//!
+//! A database here is a database file the engine caches: its `database_id` is the engine's id for
+//! the file (the `database_id` of `sys.dm_os_buffer_descriptors`), its name the file's path. Each
+//! has one file, `file_id` 1, named after the file.
 
-use crate::api::{self, Context};
+use crate::api::{self, Context, ScalarFn};
 use libsqlite3_sys::{sqlite3, sqlite3_context, sqlite3_value};
-use std::ffi::c_int;
+use std::ffi::{c_int, CStr};
+use std::path::Path;
+
+const FUNCTIONS: [(&CStr, c_int, ScalarFn); 4] = [
+    (c"bpe_exec", 1, bpe_exec),
+    (c"db_id", 0, db_id),
+    (c"db_name", 1, db_name),
+    (c"file_name", 1, file_name),
+];
 
 pub fn register(db: *mut sqlite3) -> Result<(), String> {
-    // SAFETY: db is the live connection SQLite handed to the entry point; no app data.
-    let rc = unsafe { api::create_function(db, c"bpe_exec", 1, std::ptr::null_mut(), bpe_exec) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(format!("cannot create bpe_exec (SQLite error {rc})"))
+    for (name, nargs, f) in FUNCTIONS {
+        // SAFETY: db is the live connection SQLite handed to the entry point; no app data.
+        let rc = unsafe { api::create_function(db, name, nargs, std::ptr::null_mut(), f) };
+        if rc != 0 {
+            return Err(format!("cannot create {name:?} (SQLite error {rc})"));
+        }
     }
+    Ok(())
+}
+
+/// The engine's id for the file at `path`, if it caches it.
+fn database_id_of(path: &str) -> Option<u32> {
+    let files = crate::engine().files();
+    let same = |p: &Path| p == Path::new(path);
+    files
+        .iter()
+        .find(|f| same(&f.path))
+        .or_else(|| {
+            let wanted = std::fs::canonicalize(path).ok()?;
+            files
+                .iter()
+                .find(|f| std::fs::canonicalize(&f.path).ok().as_deref() == Some(&wanted))
+        })
+        .map(|f| f.id)
+}
+
+/// `DB_ID()`: the calling connection's main database, NULL if the engine does not cache it.
+unsafe extern "C" fn db_id(
+    ctx: *mut sqlite3_context,
+    _argc: c_int,
+    _argv: *mut *mut sqlite3_value,
+) {
+    crate::ffi::guard((), "db_id", || {
+        let ctx = Context(ctx);
+        match ctx.main_db_filename().and_then(|p| database_id_of(&p)) {
+            Some(id) => ctx.int(id as i64),
+            None => ctx.null(),
+        }
+    })
+}
+
+/// `DB_NAME(database_id)`: the path of that database's file, NULL for an unknown id.
+unsafe extern "C" fn db_name(
+    ctx: *mut sqlite3_context,
+    _argc: c_int,
+    argv: *mut *mut sqlite3_value,
+) {
+    crate::ffi::guard((), "db_name", || {
+        let ctx = Context(ctx);
+        // SAFETY: SQLite passes the one argument declared.
+        let id = unsafe { api::value_int(*argv) };
+        let file = id.and_then(|id| {
+            crate::engine()
+                .files()
+                .into_iter()
+                .find(|f| f.id as i64 == id)
+        });
+        match file {
+            Some(f) => ctx.text(&f.path.display().to_string()),
+            None => ctx.null(),
+        }
+    })
+}
+
+/// `FILE_NAME(file_id)`: in the calling connection's database, file 1 is its one file (named
+/// after it); any other id is NULL.
+unsafe extern "C" fn file_name(
+    ctx: *mut sqlite3_context,
+    _argc: c_int,
+    argv: *mut *mut sqlite3_value,
+) {
+    crate::ffi::guard((), "file_name", || {
+        let ctx = Context(ctx);
+        // SAFETY: SQLite passes the one argument declared.
+        let id = unsafe { api::value_int(*argv) };
+        let name = ctx
+            .main_db_filename()
+            .filter(|_| id == Some(1))
+            .and_then(|p| {
+                Path::new(&p)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            });
+        match name {
+            Some(n) => ctx.text(&n),
+            None => ctx.null(),
+        }
+    })
 }
 
 unsafe extern "C" fn bpe_exec(

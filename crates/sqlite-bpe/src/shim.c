@@ -36,3 +36,6 @@ void bpe_result_error(sqlite3_context *c, const char *s, int n) { sqlite3_result
 const unsigned char *bpe_value_text(sqlite3_value *v) { return sqlite3_value_text(v); }
 int bpe_value_bytes(sqlite3_value *v) { return sqlite3_value_bytes(v); }
 int bpe_value_type(sqlite3_value *v) { return sqlite3_value_type(v); }
+sqlite3 *bpe_context_db_handle(sqlite3_context *c) { return sqlite3_context_db_handle(c); }
+const char *bpe_db_filename(sqlite3 *db, const char *name) { return sqlite3_db_filename(db, name); }
+sqlite3_int64 bpe_value_int64(sqlite3_value *v) { return sqlite3_value_int64(v); }

@@ -5,7 +5,7 @@ use super::{TableDef, Value};
 use crate::page_decode;
 use bpe_core::Tier;
 
-pub static ALL: &[&TableDef] = &[&COUNTERS, &DESCRIPTORS, &CONFIGURATION];
+pub static ALL: &[&TableDef] = &[&COUNTERS, &DESCRIPTORS, &CONFIGURATION, &ALLOCATION_UNITS];
 
 pub const OBJECT_NAME: &str = "SQLServer:Buffer Manager";
 
@@ -34,7 +34,7 @@ fn counter_rows() -> Vec<Vec<Value>> {
 
 static DESCRIPTORS: TableDef = TableDef {
     name: c"bpe_buffer_descriptors",
-    schema: c"CREATE TABLE x(database_id INTEGER, file_id INTEGER, page_id INTEGER, page_level INTEGER, page_type TEXT, row_count INTEGER, free_space_in_bytes INTEGER, is_modified INTEGER, numa_node INTEGER, read_microsec INTEGER, is_in_bpool_extension INTEGER)",
+    schema: c"CREATE TABLE x(database_id INTEGER, file_id INTEGER, page_id INTEGER, page_level INTEGER, allocation_unit_id INTEGER, page_type TEXT, row_count INTEGER, free_space_in_bytes INTEGER, is_modified INTEGER, numa_node INTEGER, read_microsec INTEGER, is_in_bpool_extension INTEGER)",
     rows: descriptor_rows,
 };
 
@@ -58,6 +58,8 @@ fn descriptor_rows() -> Vec<Vec<Value>> {
                 Value::Int(1),
                 Value::Int(page_id),
                 opt(info.as_ref().and_then(|i| i.level)),
+                // A SQLite page does not record which b-tree it belongs to (see ALLOCATION_UNITS).
+                Value::Null,
                 info.as_ref()
                     .map_or(Value::Null, |i| Value::Text(i.page_type.into())),
                 opt(info.as_ref().and_then(|i| i.row_count)),
@@ -90,3 +92,12 @@ fn configuration_rows() -> Vec<Vec<Value>> {
         s.last_failure.map_or(Value::Null, Value::Text),
     ]]
 }
+
+/// `sys.allocation_units`, so that SQL Server's scripts that join the descriptors to it run as
+/// written. SQLite's pages do not name their b-tree, so the descriptors' `allocation_unit_id`
+/// is NULL and this table has no rows: the joined columns come out NULL.
+static ALLOCATION_UNITS: TableDef = TableDef {
+    name: c"bpe_allocation_units",
+    schema: c"CREATE TABLE x(allocation_unit_id INTEGER, type INTEGER, type_desc TEXT, container_id INTEGER, data_space_id INTEGER, total_pages INTEGER, used_pages INTEGER, data_pages INTEGER)",
+    rows: Vec::new,
+};
