@@ -146,9 +146,36 @@ fn operator_lines(lines: &[&str]) -> Option<usize> {
 
 fn flush_sql(sql: &mut String, parts: &mut Vec<Part>) {
     if !is_blank(sql) {
-        parts.push(Part::Sql(rewrite_top(&rewrite_dmv_names(sql))));
+        let sql = rewrite_pragma_query(sql);
+        parts.push(Part::Sql(rewrite_top(&rewrite_dmv_names(&sql))));
     }
     sql.clear();
+}
+
+/// `PRAGMA bpe_extension;` (the query form, no value) as `SELECT * FROM pragma_bpe_extension;`:
+/// the same state with named columns (a VFS pragma returns a single string).
+pub fn rewrite_pragma_query(sql: &str) -> String {
+    let all = scan(sql);
+    let words: Vec<String> = all
+        .iter()
+        .filter(|p| {
+            !matches!(
+                p.kind,
+                PieceKind::Blank | PieceKind::LineComment | PieceKind::BlockComment { .. }
+            )
+        })
+        .map(|p| p.text(sql).to_ascii_lowercase())
+        .collect();
+    let w: Vec<&str> = words.iter().map(String::as_str).collect();
+    if matches!(
+        w.as_slice(),
+        ["pragma", "bpe_extension"] | ["pragma", "bpe_extension", ";"]
+    ) {
+        let end = if w.len() == 3 { ";" } else { "" };
+        let tail = &sql[sql.trim_end().len()..];
+        return format!("SELECT * FROM pragma_bpe_extension{end}{tail}");
+    }
+    sql.to_string()
 }
 
 /// `SELECT [DISTINCT | ALL] TOP n ...` or `TOP (n)` as SQLite's `SELECT ... LIMIT n`: T-SQL's
@@ -243,6 +270,22 @@ pub fn rewrite_dmv_names(sql: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bpe_extension_pragma_query_reads_its_table() {
+        assert_eq!(
+            rewrite_pragma_query("PRAGMA bpe_extension;\n"),
+            "SELECT * FROM pragma_bpe_extension;\n"
+        );
+        assert_eq!(
+            rewrite_pragma_query("pragma BPE_EXTENSION"),
+            "SELECT * FROM pragma_bpe_extension"
+        );
+        // Setting it, or another pragma, is left to SQLite.
+        for same in ["PRAGMA bpe_extension = off;", "PRAGMA page_size;"] {
+            assert_eq!(rewrite_pragma_query(same), same);
+        }
+    }
 
     #[test]
     fn top_n_becomes_limit_n() {

@@ -215,6 +215,7 @@ SELECT 'ids=' || count(DISTINCT database_id) || ',' || (DB_ID() = max(database_i
 SELECT 'file=' || FILE_NAME(1) || ',' || ifnull(FILE_NAME(2), 'null');
 SELECT 'name_ends=' || (DB_NAME(DB_ID()) LIKE '%test.db') || ',' || ifnull(DB_NAME(999), 'null');
 SELECT TOP 3 counter_name FROM sys.dm_os_performance_counters ORDER BY counter_name;
+PRAGMA bpe_extension;
 "#;
     let run = shell(dir.path(), script);
     assert_eq!(run.stderr, "", "unexpected errors");
@@ -226,7 +227,19 @@ SELECT TOP 3 counter_name FROM sys.dm_os_performance_counters ORDER BY counter_n
     assert_has(&run.stdout, "file=test.db,null", "FILE_NAME");
     assert_has(&run.stdout, "name_ends=1,null", "DB_NAME");
     // TOP 3: exactly three counter names after the previous line.
+    // PRAGMA bpe_extension with named columns.
+    assert_has(
+        &run.stdout,
+        "state_description",
+        "PRAGMA bpe_extension's columns",
+    );
+    assert_has(
+        &run.stdout,
+        "BUFFER POOL EXTENSION DISABLED",
+        "PRAGMA bpe_extension's state",
+    );
     let after = run.stdout.split("name_ends=1,null").nth(1).unwrap();
+    let after = after.split("path").next().unwrap();
     let rows = after
         .lines()
         .filter(|l| !l.trim().is_empty() && !l.starts_with("counter_name") && !l.starts_with('-'))

@@ -5,7 +5,13 @@ use super::{TableDef, Value};
 use crate::page_decode;
 use bpe_core::Tier;
 
-pub static ALL: &[&TableDef] = &[&COUNTERS, &DESCRIPTORS, &CONFIGURATION, &ALLOCATION_UNITS];
+pub static ALL: &[&TableDef] = &[
+    &COUNTERS,
+    &DESCRIPTORS,
+    &CONFIGURATION,
+    &PRAGMA_EXTENSION,
+    &ALLOCATION_UNITS,
+];
 
 pub const OBJECT_NAME: &str = "SQLServer:Buffer Manager";
 
@@ -77,6 +83,15 @@ fn descriptor_rows() -> Vec<Vec<Value>> {
 static CONFIGURATION: TableDef = TableDef {
     name: c"bpe_extension_configuration",
     schema: c"CREATE TABLE x(path TEXT, file_id INTEGER, state INTEGER, state_description TEXT, current_size_in_kb INTEGER, last_failure TEXT HIDDEN)",
+    rows: configuration_rows,
+};
+
+/// `PRAGMA bpe_extension` as a table with named columns, the way SQLite shows its own pragmas
+/// (`SELECT * FROM pragma_table_info(...)`): a VFS pragma can hand SQLite back only one string,
+/// so the columns are here, and the shell runs this table for `PRAGMA bpe_extension;`.
+static PRAGMA_EXTENSION: TableDef = TableDef {
+    name: c"pragma_bpe_extension",
+    schema: c"CREATE TABLE x(path TEXT, file_id INTEGER, state INTEGER, state_description TEXT, current_size_in_kb INTEGER, last_failure TEXT)",
     rows: configuration_rows,
 };
 
