@@ -85,6 +85,9 @@ pub struct Counters {
     /// beyond them is the engine's.
     pub ext_read_requests: AtomicU64,
     pub ext_read_micros: AtomicU64,
+    /// The same for read requests to the data files (a readahead window is one request).
+    pub page_read_requests: AtomicU64,
+    pub page_read_micros: AtomicU64,
     /// Times every cached page of a file was dropped because the file changed under us.
     pub file_invalidations: AtomicU64,
     /// Pages dropped one by one because another process changed them (WAL checkpoints).
@@ -158,6 +161,8 @@ pub struct CounterSnapshot {
     pub ext_outstanding_io: i64,
     pub ext_read_requests: u64,
     pub ext_read_micros: u64,
+    pub page_read_requests: u64,
+    pub page_read_micros: u64,
     pub ext_page_evictions: u64,
     pub ext_page_reads: u64,
     pub ext_page_writes: u64,
@@ -203,6 +208,8 @@ impl CounterSnapshot {
             ext_outstanding_io: c.ext_outstanding_io.load(Relaxed),
             ext_read_requests: l(&c.ext_read_requests),
             ext_read_micros: l(&c.ext_read_micros),
+            page_read_requests: l(&c.page_read_requests),
+            page_read_micros: l(&c.page_read_micros),
             ext_page_evictions: l(&c.ext_page_evictions),
             ext_page_reads: l(&c.ext_page_reads),
             ext_page_writes: ext_writes,
@@ -243,6 +250,12 @@ impl CounterSnapshot {
             r("Buffer cache hit ratio base", self.page_lookups, Base),
             r("Page lookups/sec", self.page_lookups, Cumulative),
             r("Page reads/sec", self.page_reads, Cumulative),
+            r("Page avg read time (us)", self.page_read_micros, Average),
+            r(
+                "Page avg read time (us) base",
+                self.page_read_requests,
+                Base,
+            ),
             r("Page writes/sec", self.page_writes, Cumulative),
             r("Readahead pages/sec", self.readahead_pages, Cumulative),
             r("Lazy writes/sec", self.lazy_writes, Cumulative),

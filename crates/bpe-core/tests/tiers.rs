@@ -35,6 +35,9 @@ fn evicted_pages_are_served_from_the_extension_after_sequential_writes() {
     // In random order each L2 hit is a request of its own, and each request is timed.
     assert_eq!(c.ext_read_requests, c.ext_page_reads);
     assert!(c.ext_read_micros > 0);
+    // Every data-file read is timed too: the first pass alone made 600 of them.
+    assert!(c.page_read_requests >= 600, "{}", c.page_read_requests);
+    assert!(c.page_read_micros > 0);
     assert!(
         c.ext_page_writes >= 400,
         "{} extension writes",

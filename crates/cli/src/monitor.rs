@@ -259,9 +259,10 @@ fn draw(
         Constraint::Min(5),
     ])
     .areas(f.area());
+    let data_us = ratio("Page avg read time (us)").unwrap_or(0.0);
     f.render_widget(
         Paragraph::new(format!(
-            "sqlite-bpe monitor  pid {pid}  {}\n{}   (q quits)",
+            "sqlite-bpe monitor  pid {pid}  {}  read time: data file {data_us:.0} µs\n{}   (q quits)",
             now.state, command
         )),
         header,

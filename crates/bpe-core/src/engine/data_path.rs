@@ -313,13 +313,18 @@ impl Engine {
                 source: std::io::Error::other("the file is not open"),
             });
         };
-        Instrumented {
+        let started = Instant::now();
+        let read = Instrumented {
             inner: device,
             emulator: self.emulator.as_deref(),
             faults: &self.faults,
         }
-        .read_at(offset, buf)
-        .map_err(|source| Error::DataIo {
+        .read_at(offset, buf);
+        let c = &self.counters;
+        c.page_read_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Relaxed);
+        Counters::bump(&c.page_read_requests);
+        read.map_err(|source| Error::DataIo {
             path: file.path().to_path_buf(),
             source,
         })
