@@ -154,9 +154,15 @@ fn file_of(dir: &Path, pid: i32) -> PathBuf {
 }
 
 /// Writes `sample` as this process's published counters (a whole file, renamed into place).
+/// `PermissionDenied` when the directory is not this user's alone (publishing there never will
+/// be safe); other errors (a full /dev/shm) may pass.
 pub fn publish(sample: &Sample) -> std::io::Result<()> {
-    let dir = own_directory()
-        .ok_or_else(|| std::io::Error::other("the counters directory is not this user's alone"))?;
+    let dir = own_directory().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the counters directory is not this user's alone",
+        )
+    })?;
     let tmp = dir.join(format!("{}.tmp", sample.pid));
     let mut f = fs::OpenOptions::new()
         .write(true)

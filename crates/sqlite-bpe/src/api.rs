@@ -193,6 +193,13 @@ impl Context {
         // SAFETY: ctx is live for this callback.
         unsafe { bpe_result_int64(self.0, v) }
     }
+    /// The text, or NULL.
+    pub fn text_or_null(&self, s: Option<&str>) {
+        match s {
+            Some(s) => self.text(s),
+            None => self.null(),
+        }
+    }
     pub fn null(&self) {
         // SAFETY: ctx is live for this callback.
         unsafe { bpe_result_null(self.0) }

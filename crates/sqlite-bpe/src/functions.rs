@@ -70,16 +70,14 @@ unsafe extern "C" fn db_name(
         let ctx = Context(ctx);
         // SAFETY: SQLite passes the one argument declared.
         let id = unsafe { api::value_int(*argv) };
-        let file = id.and_then(|id| {
+        let path = id.and_then(|id| {
             crate::engine()
                 .files()
                 .into_iter()
                 .find(|f| f.id as i64 == id)
+                .map(|f| f.path.display().to_string())
         });
-        match file {
-            Some(f) => ctx.text(&f.path.display().to_string()),
-            None => ctx.null(),
-        }
+        ctx.text_or_null(path.as_deref());
     })
 }
 
@@ -102,10 +100,7 @@ unsafe extern "C" fn file_name(
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
             });
-        match name {
-            Some(n) => ctx.text(&n),
-            None => ctx.null(),
-        }
+        ctx.text_or_null(name.as_deref());
     })
 }
 
