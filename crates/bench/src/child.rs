@@ -25,7 +25,7 @@ pub struct ChildSpec {
 }
 
 /// What every configuration's process starts from.
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct Setup {
     pub name: String,
     pub description: String,
@@ -38,6 +38,10 @@ pub struct Setup {
     pub journal: Journal,
     /// A memory cgroup (v1) the process moves into before it opens anything.
     pub memory_cgroup: Option<PathBuf>,
+    /// Leave the extension file when the process is done (a warm restart's first process);
+    /// otherwise the runner deletes it, so that every configuration starts cold.
+    #[serde(default)]
+    pub keep_extension: bool,
 }
 
 /// A configuration as the child gets it: the setup, and what the benchmark runs on it.
@@ -122,6 +126,7 @@ impl Runner<'_> {
             sqlite: Sqlite::Bpe,
             journal: Journal::Wal,
             memory_cgroup: None,
+            keep_extension: false,
         }
     }
 
@@ -136,6 +141,12 @@ impl Runner<'_> {
         emulated: bool,
     ) -> anyhow::Result<Vec<ConfigResult>> {
         eprintln!("== {}: {}", setup.name, setup.description);
+        // A process that exits with its extension on leaves the file (for a warm restart).
+        let leftover = setup
+            .extension
+            .as_ref()
+            .filter(|_| !setup.keep_extension)
+            .map(|(path, _)| path.clone());
         // The slow volume's throttle, inherited by the configuration's process.
         self.storage.enter_data_device()?;
         let config = serde_json::to_value(Config { setup, run })?;
@@ -160,6 +171,9 @@ impl Runner<'_> {
         let status = cmd
             .status()
             .context("starting the configuration's process")?;
+        if let Some(path) = leftover {
+            let _ = std::fs::remove_file(path);
+        }
         if !status.success() {
             bail!("{} configuration failed ({status})", self.bench);
         }

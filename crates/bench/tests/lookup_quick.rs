@@ -70,6 +70,7 @@ fn lookup_runs_all_bpe_configurations() {
             "ssd_cold",
             "limited_memory_bpe_half_ext",
             "limited_memory_bpe_zipf",
+            "restart",
         ]
     );
     for c in v["configs"].as_array().unwrap() {
@@ -109,6 +110,22 @@ fn lookup_runs_all_bpe_configurations() {
         "a cold run read nothing from the data file: {cold}"
     );
     assert!(v["summary"]["limited_memory_over_bpe"].as_f64().is_some());
+    // The restart: a new process took over the file the warming one left, and its lookups
+    // read the extension, not the data file.
+    let restart = &v["configs"][7];
+    let restore = &restart["details"]["restore"];
+    assert_eq!(restore["settled"], true, "{restart}");
+    assert!(
+        restore["pages_restored"].as_u64().unwrap() > 1000,
+        "{restart}"
+    );
+    assert_eq!(restore["pages_not_restored"], 0, "{restart}");
+    assert!(
+        restart["counters"]["ext_page_reads"].as_u64().unwrap()
+            > 10 * restart["counters"]["page_reads"].as_u64().unwrap(),
+        "{restart}"
+    );
+    assert!(v["summary"]["restart"]["over_warm"].as_f64().is_some());
 }
 
 #[test]

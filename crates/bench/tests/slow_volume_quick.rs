@@ -76,7 +76,7 @@ fn lookup_on_a_slow_volume_runs_stock_beside_bpe_under_the_throttle() {
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let volume = &v["storage"]["data_volume"];
     assert_eq!(volume["description"], description);
-    assert_eq!(v["configs"].as_array().unwrap().len(), 10);
+    assert_eq!(v["configs"].as_array().unwrap().len(), 11);
     for c in v["configs"].as_array().unwrap() {
         // Every configuration's process, stock and bpe alike, ran in the volume's blkio group.
         assert_eq!(c["details"]["blkio_cgroup"], volume["blkio_cgroup"], "{c}");

@@ -24,6 +24,9 @@ pub const DIRECT_IO_ALIGN: usize = 4096;
 pub const EXTENSION_BATCH_BYTES: usize = 512 << 10;
 /// Pages evicted from L1 waiting for the background writer. A full queue drops admissions, never blocks.
 pub const EXTENSION_STAGING_PAGES: usize = 1024;
+/// How often the extension's writer checkpoints its index while it changes (what a process
+/// killed without warning loses of the next start's warmth is at most this much of changes).
+pub const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 /// Consecutive extension faults after which the extension disables itself.
 pub const EXTENSION_FAULT_LIMIT: u32 = 8;
 /// The extension index may take at most this fraction (1/N) of max server memory.
@@ -147,6 +150,8 @@ pub struct Config {
     pub readahead: bool,
     /// Emulated data-device latency (benchmarks); `None` for the real device.
     pub data_device: Option<DeviceEmulation>,
+    /// How often the extension checkpoints its index while it changes.
+    pub checkpoint_interval: std::time::Duration,
 }
 
 impl Default for Config {
@@ -156,6 +161,7 @@ impl Default for Config {
             direct_io: true,
             readahead: true,
             data_device: None,
+            checkpoint_interval: CHECKPOINT_INTERVAL,
         }
     }
 }

@@ -80,6 +80,10 @@ pub struct Counters {
     pub ext_sequential_write_pages: AtomicU64,
     pub ext_admissions_dropped: AtomicU64,
     pub ext_outstanding_io: AtomicI64,
+    /// Index checkpoints written, and pages a restart took over from one or had to drop.
+    pub ext_checkpoints: AtomicU64,
+    pub ext_pages_restored: AtomicU64,
+    pub ext_pages_not_restored: AtomicU64,
     /// Read requests to the extension file and the microseconds they took, the request alone
     /// (the device and the syscall, as a QD1 reference measures them): what an L2 hit costs
     /// beyond them is the engine's.
@@ -173,6 +177,9 @@ pub struct CounterSnapshot {
     pub ext_bytes_written: u64,
     pub ext_sequential_write_percent: u64,
     pub ext_admissions_dropped: u64,
+    pub ext_checkpoints: u64,
+    pub ext_pages_restored: u64,
+    pub ext_pages_not_restored: u64,
     /// Open data files the file system would not let us read with O_DIRECT.
     pub buffered_data_files: u64,
     pub file_invalidations: u64,
@@ -222,6 +229,9 @@ impl CounterSnapshot {
                 .checked_div(ext_writes)
                 .unwrap_or(100),
             ext_admissions_dropped: l(&c.ext_admissions_dropped),
+            ext_checkpoints: l(&c.ext_checkpoints),
+            ext_pages_restored: l(&c.ext_pages_restored),
+            ext_pages_not_restored: l(&c.ext_pages_not_restored),
             buffered_data_files: g.buffered_data_files,
             file_invalidations: l(&c.file_invalidations),
             pages_forgotten: l(&c.pages_forgotten),
@@ -321,6 +331,17 @@ impl CounterSnapshot {
             r(
                 "Extension admissions dropped",
                 self.ext_admissions_dropped,
+                Cumulative,
+            ),
+            r("Extension checkpoints", self.ext_checkpoints, Cumulative),
+            r(
+                "Extension pages restored",
+                self.ext_pages_restored,
+                Cumulative,
+            ),
+            r(
+                "Extension pages not restored",
+                self.ext_pages_not_restored,
                 Cumulative,
             ),
             r("Memory used bytes", self.memory_bytes, Gauge),

@@ -103,6 +103,10 @@ impl CachedFile {
     pub(crate) fn key_stable(&self) -> crate::sync::ReadGuard<'_, ()> {
         self.key_change.read()
     }
+    /// Holds off every page write (waiting for those in flight) while the guard lives.
+    pub(crate) fn writes_held_off(&self) -> crate::sync::WriteGuard<'_, ()> {
+        self.key_change.write()
+    }
     /// The cell holding the current key, for frames to compare their own key against.
     pub(crate) fn key_cell(&self) -> &Arc<AtomicU32> {
         &self.key
@@ -312,6 +316,14 @@ impl FileRegistry {
             self.by_identity.remove(&oldest);
         }
         true
+    }
+
+    /// The files open now.
+    pub(crate) fn open_files(&self) -> impl Iterator<Item = &FileHandle> {
+        self.by_identity
+            .values()
+            .filter(|e| e.openers > 0)
+            .map(|e| &e.file)
     }
 
     /// Every known file (open or retained).

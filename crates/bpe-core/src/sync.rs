@@ -78,6 +78,8 @@ pub enum Rank {
     /// A client's per-file state (the SQLite adapter's change detection): held while it
     /// invalidates the file, so that no reader of the file gets past its check before that.
     FileState = 15,
+    /// `Extension::checkpoint_generation`: one checkpoint at a time (it lists the files).
+    Checkpoint = 18,
     /// `Engine::files`: the file registry (open, close, new keys).
     Files = 20,
     /// A file's key: writes hold it shared, a new key takes it exclusively.
@@ -469,6 +471,15 @@ pub fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<(
 }
 
 /// Lets other threads run (for waits that poll).
+/// A short wait in a polling loop: 1 ms, or under Shuttle a yield to its other threads (a real
+/// sleep would stall every Shuttle thread, the one awaited included).
+pub fn pause() {
+    #[cfg(not(feature = "shuttle"))]
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    #[cfg(feature = "shuttle")]
+    shuttle::thread::yield_now();
+}
+
 pub fn yield_now() {
     #[cfg(not(feature = "shuttle"))]
     std::thread::yield_now();

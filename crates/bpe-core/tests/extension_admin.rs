@@ -117,7 +117,12 @@ fn index_memory_is_reported_and_within_22_bytes_per_4k_page() {
         "{} bytes for {pages} pages of 4 KiB",
         c.ext_index_bytes
     );
-    assert_eq!(c.ext_free_pages, pages);
+    // The checkpoint slots take under 1 % of the file; the rest is ring, all free.
+    assert!(
+        c.ext_free_pages <= pages && c.ext_free_pages * 100 >= pages * 99,
+        "{} free of {pages}",
+        c.ext_free_pages
+    );
     engine.check_invariants();
 }
 

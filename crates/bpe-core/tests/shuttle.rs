@@ -67,9 +67,16 @@ fn checked_read(
 
 /// Pages at version `tag * 1000`, so that a page of one file is never mistaken for another's.
 fn make_tagged(dir: &Path, tag: u64) -> PathBuf {
+    make_tagged_pages(dir, tag, PAGES)
+}
+
+/// Pages of the extension's 512 KiB write batch.
+const REGION_PAGES: u64 = (512 << 10) / PAGE as u64;
+
+fn make_tagged_pages(dir: &Path, tag: u64, pages: u64) -> PathBuf {
     let path = dir.join(format!("data{tag}"));
     let mut all = Vec::new();
-    for p in 0..PAGES {
+    for p in 0..pages {
         all.extend_from_slice(&page_bytes(p, tag * 1000, PAGE));
     }
     std::fs::write(&path, all).unwrap();
@@ -189,6 +196,77 @@ fn files_come_and_go() {
         t.join().unwrap();
     }
     engine.check_invariants();
+}
+
+/// A warm restart racing writes: a first engine reads every page (each reaches its extension at
+/// load) and closes, leaving a checkpoint; a second one takes the file over, restores and adopts
+/// the file's pages on its writer thread while another thread writes pages and readers check
+/// them. No interleaving may serve a page older than a write that completed before the read.
+fn restart_under_writes() {
+    let dir = tempdir();
+    // A region's worth of pages: the writer writes a full batch without waiting for more (a
+    // timed wait never ends under Shuttle), so that schedules where it runs before the close
+    // leave pages to restore.
+    let path = make_tagged_pages(dir.path(), 1, REGION_PAGES);
+    // Older than the racy window: the first engine can vouch for the file's stamp.
+    std::thread::sleep(std::time::Duration::from_millis(35));
+    let ext_path = dir.path().join("ext.bpe");
+    {
+        let engine = small_engine();
+        engine.enable_extension(&ext_path, 2 << 20).unwrap();
+        let file = engine.open_file(&path, PAGE).unwrap();
+        let model: Vec<AtomicU64> = (0..REGION_PAGES).map(|_| AtomicU64::new(1000)).collect();
+        for p in 0..REGION_PAGES {
+            checked_read(&engine, &file, p, &model, 1);
+        }
+        engine.close_extension().unwrap();
+        engine.close_file(&file);
+    }
+    let engine = small_engine();
+    engine.enable_extension(&ext_path, 2 << 20).unwrap();
+    let file = engine.open_file(&path, PAGE).unwrap();
+    let model: Arc<Vec<AtomicU64>> = Arc::new((0..PAGES).map(|_| AtomicU64::new(1000)).collect());
+    let mut threads = Vec::new();
+    for t in 0..2u64 {
+        let (engine, file, model) = (engine.clone(), file.clone(), model.clone());
+        threads.push(thread::spawn(move || {
+            for i in 0..4 {
+                checked_read(&engine, &file, (t * 5 + i * 2) % PAGES, &model, 1);
+            }
+        }));
+    }
+    {
+        let (engine, file, model) = (engine.clone(), file.clone(), model.clone());
+        threads.push(thread::spawn(move || {
+            for (i, page) in [2u64, 5].into_iter().enumerate() {
+                let version = 1001 + i as u64;
+                engine
+                    .write_page(&file, page, &page_bytes(page, version, PAGE))
+                    .unwrap();
+                model[page as usize].store(version, SeqCst);
+            }
+        }));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(engine.wait_for_extension_restore(std::time::Duration::from_secs(60)));
+    for p in 0..PAGES {
+        checked_read(&engine, &file, p, &model, 1);
+    }
+    engine.check_invariants();
+    let _ = engine.disable_extension();
+    engine.close_file(&file);
+}
+
+#[test]
+fn restart_under_random_schedules() {
+    shuttle::check_random(restart_under_writes, iterations(100));
+}
+
+#[test]
+fn restart_under_pct_schedules() {
+    shuttle::check_pct(restart_under_writes, iterations(100), 3);
 }
 
 #[test]

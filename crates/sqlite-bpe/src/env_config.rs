@@ -6,6 +6,7 @@
 //! | `BPE_MAX_SERVER_MEMORY_MB` | max server memory in MB (default 128) |
 //! | `BPE_EXTENSION_FILE`, `BPE_EXTENSION_SIZE` | enable the extension at that absolute path with that size (`4GB`, `512 MB`, ...) |
 //! | `BPE_DEFAULT_VFS` | `1` to make `bpe` the process's default VFS when the library loads: a plain file name (no `?vfs=bpe`) is then served by the pool, for hosts and ORMs that cannot pass URIs. Every main database the process opens afterwards goes through the pool (default `0`) |
+//! | `BPE_EXTENSION_CHECKPOINT_MS` | how often the extension checkpoints its index while it (or a database file's stamp) changes, for the next process to start warm from after a crash (default 5000; a clean exit always writes one) |
 //! | `BPE_DIRECT_IO` | `0` to read data files through the OS page cache (default `1`) |
 //! | `BPE_READAHEAD` | `0` to turn readahead off (default `1`) |
 //! | `BPE_DATA_LATENCY_US`, `BPE_DATA_WRITE_LATENCY_US`, `BPE_DATA_SYNC_LATENCY_US` | emulate a slow data device (benchmarks only): microseconds per read, per write, per sync (at most 1 s) |
@@ -177,6 +178,15 @@ impl EnvConfig {
         }
         if let Some(v) = var("BPE_READAHEAD") {
             config.readahead = flag("BPE_READAHEAD", &v)?;
+        }
+        if let Some(v) = var("BPE_EXTENSION_CHECKPOINT_MS") {
+            let ms = number("BPE_EXTENSION_CHECKPOINT_MS", &v)?;
+            if !(10..=3_600_000).contains(&ms) {
+                return Err(format!(
+                    "BPE_EXTENSION_CHECKPOINT_MS={v}: from 10 ms to one hour"
+                ));
+            }
+            config.checkpoint_interval = std::time::Duration::from_millis(ms);
         }
         config.data_device = device_emulation_from_env()?;
         let extension = match (var("BPE_EXTENSION_FILE"), var("BPE_EXTENSION_SIZE")) {

@@ -9,8 +9,9 @@
 //! leaked, never dropped (dropping it would wait for its writer). Connections inherited from the
 //! parent move to the new engine at their next call (`vfs::file`).
 //!
-//! At exit, the extension file is deleted, by the process that created it only: a child that
-//! exits never deletes its parent's file.
+//! At exit, the extension writes a last checkpoint of its index and its file stays, for the next
+//! process to start warm from (`OFF` deletes it); only the process that created the engine does
+//! this: a child that exits never touches its parent's file.
 
 use crate::env_config::EnvConfig;
 use bpe_core::{published, Engine};
@@ -171,7 +172,7 @@ fn install_hooks() {
                 Some(after_fork_parent),
                 Some(after_fork_child),
             );
-            libc::atexit(remove_extension_at_exit);
+            libc::atexit(close_extension_at_exit);
         }
     });
 }
@@ -242,14 +243,14 @@ extern "C" fn after_fork_child() {
     SLOT.force_unlock();
 }
 
-extern "C" fn remove_extension_at_exit() {
+extern "C" fn close_extension_at_exit() {
     crate::vfs::remove_peer_logs_at_exit();
     let Some(slot) = SLOT.try_lock() else {
         return;
     };
     if let Some((gen, creator, engine)) = slot.as_ref() {
         if *gen == generation() && *creator == pid() {
-            engine.remove_extension_file_at_exit();
+            engine.close_extension_at_exit();
         }
     }
     if slot.is_some() {

@@ -1,5 +1,6 @@
 //! The stock Debian `sqlite3` shell (its own SQLite, 3.40 here) loads the extension, opens a
-//! database with vfs=bpe, enables an extension file and reads counters showing extension reads.
+//! database with vfs=bpe, enables an extension file and reads counters showing extension reads;
+//! the next shell that enables an extension at that path starts warm from it.
 
 mod common;
 use common::*;
@@ -42,10 +43,39 @@ PRAGMA integrity_check;
     assert!(out.contains("state=BUFFER POOL EXTENSION ENABLED"), "{out}");
     assert!(out.contains("4000000\n4000000"), "{out}");
     assert!(out.trim_end().ends_with("ok"), "{out}");
-    assert!(
-        !ext.exists(),
-        "the extension file outlived the shell process"
+    // The file stays for the next process (with a checkpoint written at exit), private.
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(&ext).expect("the extension file went with the shell");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+
+    // A second shell takes it over: its pages are restored and read from it, and OFF deletes it.
+    let warm = format!(
+        r#".load {lib}
+.open file:shell.db?vfs=bpe
+SELECT bpe_exec('EXEC sp_configure ''max server memory (MB)'', 1');
+SELECT bpe_exec('ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = ''{ext}'', SIZE = 64 MB)');
+SELECT sum(length(n)) FROM t;
+SELECT 'restored=' || cntr_value FROM bpe_performance_counters WHERE counter_name = 'Extension pages restored';
+SELECT sum(length(n)) FROM t;
+SELECT 'ext_reads=' || cntr_value FROM bpe_performance_counters WHERE counter_name = 'Extension page reads/sec';
+SELECT bpe_exec('ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF');
+"#,
+        lib = lib.with_extension("").display(),
+        ext = ext.display()
     );
+    let (out, err, ok) = run_shell(dir.path(), &warm);
+    assert!(ok && err.is_empty(), "shell failed: {err}\n{out}");
+    let value = |key: &str| -> i64 {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_else(|| panic!("no {key} in:\n{out}"));
+        line[key.len()..].parse().unwrap()
+    };
+    assert!(value("restored=") > 500, "{out}");
+    assert!(value("ext_reads=") > 500, "{out}");
+    assert_eq!(out.matches("4000000\n").count(), 2, "{out}");
+    assert!(!ext.exists(), "OFF left the extension file");
 }
 
 /// `BPE_DEFAULT_VFS=1` at load makes a plain file name go through the pool (for hosts and ORMs

@@ -5,7 +5,7 @@
 
 use super::Engine;
 use crate::config::{physical_memory, INDEX_BUDGET_DIVISOR, MIN_MAX_MEMORY};
-use crate::extension::{initial_index_bytes, MIN_EXTENSION_BYTES, REGION_BYTES};
+use crate::extension::{initial_index_bytes, MIN_EXTENSION_BYTES};
 use crate::io::FileIdentity;
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ pub struct Settings {
 
 /// The size an extension of `size` bytes actually gets (whole regions).
 pub fn effective_extension_size(size: u64) -> u64 {
-    size - size % REGION_BYTES
+    crate::extension::effective_size(size)
 }
 
 /// `max server memory` of `bytes` next to an extension whose index takes `index_bytes`.

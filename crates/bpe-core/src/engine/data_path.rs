@@ -293,7 +293,7 @@ impl Engine {
 
     /// One read of the data file, through the O_DIRECT descriptor if the file has one, else
     /// through `via`, with emulation and fault injection in front (benchmarks and tests).
-    fn device_read(
+    pub(super) fn device_read(
         &self,
         file: &FileHandle,
         via: Via<'_>,

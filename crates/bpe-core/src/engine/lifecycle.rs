@@ -151,7 +151,7 @@ impl Engine {
             path: path.to_path_buf(),
         });
         let host = Arc::new(super::Host(self.me.clone()));
-        let ext = match Extension::create(
+        let ext = match Extension::open(
             path,
             size,
             self.counters.clone(),
@@ -197,6 +197,26 @@ impl Engine {
         });
         self.unplug(&ext);
         self.enter(Phase::Disabled);
+    }
+
+    /// ENABLED → DISABLING → DISABLED, keeping the file: a last checkpoint is written and the
+    /// file left for the next engine or process to start warm from (what a clean exit does;
+    /// `disable_extension`, the operator's OFF, deletes it).
+    pub fn close_extension(&self) -> Result<()> {
+        let _admin = self.admin.lock();
+        let Some(ext) = self.extension.read().clone() else {
+            return Err(Error::ExtensionNotEnabled);
+        };
+        self.enter(Phase::Disabling {
+            path: ext.path().to_path_buf(),
+            size: ext.size_bytes(),
+        });
+        *self.extension.write() = None;
+        self.extension_fd.store(-1, Relaxed);
+        ext.close(self.vouched_files());
+        self.refresh_memory_target();
+        self.enter(Phase::Disabled);
+        Ok(())
     }
 
     /// Takes `ext` out of service: readers stop finding it, its writer stops, its file goes.
@@ -284,13 +304,5 @@ impl Engine {
         let mut l = self.lifecycle.lock();
         l.phase = Phase::Disabled;
         l.last_failure = Some(reason);
-    }
-
-    /// Deletes the extension file without waiting for anything (process exit): it holds pages
-    /// in the clear. Skipped if an operator action holds the extension at that moment.
-    pub fn remove_extension_file_at_exit(&self) {
-        if let Some(ext) = self.extension.try_read().and_then(|e| e.clone()) {
-            ext.remove_file_only();
-        }
     }
 }

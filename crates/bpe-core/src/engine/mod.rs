@@ -16,6 +16,7 @@ mod data_path;
 mod lifecycle;
 mod observe;
 mod prefetch;
+mod warm;
 
 pub use admin::{check_extension_size, check_max_memory, effective_extension_size, Settings};
 pub use data_path::{PageRead, Via};
@@ -121,8 +122,12 @@ impl Engine {
         let mut files = self.files.lock();
         self.renumber_if_keys_run_out(&files);
         let opened = files.open(req, &self.config, &mut || self.allocate_key())?;
+        drop(files);
         if let (_, OpenKind::Reopened { changed: true, .. }) = &opened {
             Counters::bump(&self.counters.file_invalidations);
+        }
+        if let Some(me) = self.me.upgrade() {
+            me.offer_for_adoption(&opened.0, opened.1);
         }
         Ok(opened)
     }
@@ -266,6 +271,26 @@ impl ExtensionHost for Host {
             engine.extension_failed(ext);
         }
     }
+
+    fn vouched_files(&self) -> crate::extension::Vouched {
+        self.0
+            .upgrade()
+            .map_or_else(Default::default, |engine| engine.vouched_files())
+    }
+
+    fn adopt_open_files(&self, ext: &Arc<Extension>) {
+        if let Some(engine) = self.0.upgrade() {
+            engine.adopt_open_files(ext);
+        }
+    }
+
+    fn checkpoint_interval(&self) -> std::time::Duration {
+        self.0
+            .upgrade()
+            .map_or(crate::config::CHECKPOINT_INTERVAL, |e| {
+                e.config.checkpoint_interval
+            })
+    }
 }
 
 /// L2's only inputs, both called under the page's L1 shard lock (see pool::EvictionSink).
@@ -295,9 +320,11 @@ impl EvictionSink for Engine {
 }
 
 impl Drop for Engine {
+    /// The extension is closed, not removed: its file stays for the next engine to start warm.
     fn drop(&mut self) {
+        let vouched = self.vouched_files();
         if let Some(ext) = self.extension.get_mut().take() {
-            ext.shutdown();
+            ext.close(vouched);
         }
     }
 }

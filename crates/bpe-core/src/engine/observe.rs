@@ -47,11 +47,11 @@ impl Engine {
             uptime_ms: self.now_ms(),
             ext_allocated_pages: ext.as_ref().map_or(0, |e| e.cached_pages() as u64),
             ext_free_pages: ext.as_ref().map_or(0, |e| {
-                e.size_bytes().saturating_sub(e.cached_bytes()) / REPORT_PAGE
+                e.ring_bytes().saturating_sub(e.cached_bytes()) / REPORT_PAGE
             }),
             ext_in_use_percent: ext.as_ref().map_or(0, |e| {
                 (e.cached_bytes() * 100)
-                    .checked_div(e.size_bytes())
+                    .checked_div(e.ring_bytes())
                     .unwrap_or(0)
             }),
             ext_index_bytes: index,
@@ -136,7 +136,23 @@ impl Engine {
             if std::time::Instant::now() >= deadline {
                 return false;
             }
-            std::thread::sleep(std::time::Duration::from_millis(1));
+            crate::sync::pause();
         }
+    }
+
+    /// Waits until the extension has restored its checkpoint and run the adoptions asked for
+    /// (tests and benchmarks); false on timeout.
+    pub fn wait_for_extension_restore(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        while self
+            .current_extension()
+            .is_some_and(|e| !e.restore_settled())
+        {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            crate::sync::pause();
+        }
+        true
     }
 }

@@ -25,8 +25,11 @@ pub struct Location {
     /// Byte offset in the ring.
     pub offset: u64,
     pub len: usize,
-    /// crc32c of the page's identity and bytes.
+    /// crc32c of the page's number and bytes.
     pub crc: u32,
+    /// Taken over from a checkpoint: the ring may have moved on since it was written, so a
+    /// mismatch is a plain miss, not a sign of a failing device.
+    pub restored: bool,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -38,6 +41,7 @@ struct Entry {
     /// Offset within the region, in UNITs.
     unit: u16,
     size_log2: u8,
+    restored: bool,
 }
 
 const _: () = assert!(std::mem::size_of::<Entry>() <= 16);
@@ -108,6 +112,39 @@ impl ExtensionIndex {
         let grow_region = (r.len() + more).saturating_sub(r.capacity()) * entry;
         let table = self.table_len_for(self.len + more) * 4;
         self.bytes() - self.buckets.len() as u64 * 4 + (table + grow_region) as u64
+    }
+
+    /// Bytes the index will take once [`ExtensionIndex::prepare_many`] made room for `count`
+    /// more entries in each `(region, count)`.
+    pub fn bytes_after_adding(&self, per_region: &[(usize, usize)]) -> u64 {
+        let entry = std::mem::size_of::<Entry>();
+        let more: usize = per_region.iter().map(|&(_, n)| n).sum();
+        let grow: usize = per_region
+            .iter()
+            .map(|&(r, n)| {
+                let r = &self.regions[r];
+                (r.len() + n).saturating_sub(r.capacity()) * entry
+            })
+            .sum();
+        let table = self.table_len_for(self.len + more) * 4;
+        self.bytes() - self.buckets.len() as u64 * 4 + (table + grow) as u64
+    }
+
+    /// Makes room for what [`ExtensionIndex::bytes_after_adding`] was asked about.
+    pub fn prepare_many(&mut self, per_region: &[(usize, usize)]) {
+        let more: usize = per_region.iter().map(|&(_, n)| n).sum();
+        let len = self.table_len_for(self.len + more);
+        if len != self.buckets.len() {
+            self.rehash(len);
+        }
+        for &(r, n) in per_region {
+            self.regions[r].reserve_exact(n);
+        }
+    }
+
+    /// Whether `region` can list one more entry.
+    pub fn has_room(&self, region: usize) -> bool {
+        self.regions[region].len() < MAX_PER_REGION
     }
 
     fn table_len_for(&self, entries: usize) -> usize {
@@ -190,6 +227,7 @@ impl ExtensionIndex {
             offset: r as u64 * self.region_bytes + e.unit as u64 * UNIT as u64,
             len: 1 << e.size_log2,
             crc: e.crc,
+            restored: e.restored,
         }
     }
 
@@ -205,6 +243,30 @@ impl ExtensionIndex {
     /// Records that `key` now sits at byte `offset` of `region` (the region's entries are
     /// appended in write order). An older copy of `key` elsewhere is dropped: one copy per page.
     pub fn insert(&mut self, key: PageKey, region: usize, offset: usize, len: usize, crc: u32) {
+        self.insert_entry(key, region, offset, len, crc, false);
+    }
+
+    /// Like `insert`, for a copy taken over from a checkpoint (see [`Location::restored`]).
+    pub fn insert_restored(
+        &mut self,
+        key: PageKey,
+        region: usize,
+        offset: usize,
+        len: usize,
+        crc: u32,
+    ) {
+        self.insert_entry(key, region, offset, len, crc, true);
+    }
+
+    fn insert_entry(
+        &mut self,
+        key: PageKey,
+        region: usize,
+        offset: usize,
+        len: usize,
+        crc: u32,
+        restored: bool,
+    ) {
         debug_assert!(Self::fits(key));
         debug_assert!(len.is_power_of_two() && len >= UNIT && offset.is_multiple_of(UNIT));
         self.remove(key);
@@ -220,6 +282,7 @@ impl ExtensionIndex {
             crc,
             unit: (offset / UNIT) as u16,
             size_log2: len.trailing_zeros() as u8,
+            restored,
         });
         let n = self.buckets.len();
         let mut i = self.home(key);
@@ -297,6 +360,20 @@ impl ExtensionIndex {
         }
     }
 
+    /// The cached pages of one region, with where they sit.
+    pub fn region_entries(&self, region: usize) -> impl Iterator<Item = (PageKey, Location)> + '_ {
+        self.regions[region]
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.file != 0)
+            .map(move |(pos, e)| {
+                (
+                    PageKey::new(e.file, e.page as u64),
+                    self.location_of(handle(region, pos)),
+                )
+            })
+    }
+
     /// Every cached page with its region.
     pub fn entries(&self) -> impl Iterator<Item = (usize, PageKey)> + '_ {
         self.regions.iter().enumerate().flat_map(|(r, entries)| {
@@ -321,13 +398,14 @@ impl ExtensionIndex {
     }
 }
 
-/// The checksum of a cached page: its identity and its bytes, so that a copy read from the wrong
-/// place, or left over from another file under a recycled name, cannot pass.
-pub fn page_crc(key: PageKey, bytes: &[u8]) -> u32 {
-    let mut id = [0u8; 12];
-    id[..4].copy_from_slice(&key.file.to_le_bytes());
-    id[4..].copy_from_slice(&key.page.to_le_bytes());
-    crc32c::crc32c_append(crc32c::crc32c(&id), bytes)
+/// The checksum of a cached copy of page number `page`: its number and its bytes. A read passes
+/// only if it returns the bytes that were written for this entry (the ring may have put other
+/// bytes there since): that is what makes a copy safe to serve, whoever's page it was, as the
+/// index says which file's page the entry is and the file's key (or, after a restart, its stamp)
+/// says the copy is current. The file is not in the checksum because its key lives only as long
+/// as the process, while a checkpointed entry must verify in the next one.
+pub fn page_crc(page: u64, bytes: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&page.to_le_bytes()), bytes)
 }
 
 #[cfg(test)]
@@ -350,12 +428,14 @@ mod tests {
     }
 
     #[test]
-    fn the_checksum_covers_the_identity() {
+    fn the_checksum_covers_the_page_number_and_bytes() {
         let bytes = vec![7u8; 4096];
-        let a = page_crc(PageKey::new(1, 5), &bytes);
-        assert_ne!(a, page_crc(PageKey::new(2, 5), &bytes), "another file");
-        assert_ne!(a, page_crc(PageKey::new(1, 6), &bytes), "another page");
-        assert_eq!(a, page_crc(PageKey::new(1, 5), &bytes));
+        let a = page_crc(5, &bytes);
+        assert_ne!(a, page_crc(6, &bytes), "another page");
+        let mut other = bytes.clone();
+        other[4095] ^= 1;
+        assert_ne!(a, page_crc(5, &other), "other bytes");
+        assert_eq!(a, page_crc(5, &bytes));
     }
 
     #[test]
@@ -374,7 +454,8 @@ mod tests {
             Some(Location {
                 offset: 1000 * 512,
                 len: 512,
-                crc: 1000
+                crc: 1000,
+                restored: false,
             })
         );
         idx.insert(PageKey::new(4, 0), 1, 0, 65536, 9);

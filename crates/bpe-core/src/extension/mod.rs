@@ -3,11 +3,15 @@
 //! whichever thread misses in RAM. A page takes exactly its own size, so any mix of page sizes
 //! shares one extension. Every read is checked against a crc32c of the page's identity and bytes
 //! kept in RAM; any fault is a miss. The ring's oldest region is overwritten first (FIFO), which
-//! keeps every write sequential.
+//! keeps every write sequential. The index is checkpointed into the file, and the next process
+//! to enable an extension at the same path starts warm from it (`persist.rs`).
 
+mod checkpoint;
 mod index;
+mod persist;
 mod writer;
 
+pub use checkpoint::regions_for;
 pub use index::{page_crc, ExtensionIndex, Location, UNIT};
 
 use crate::config::{EXTENSION_BATCH_BYTES, EXTENSION_FAULT_LIMIT, EXTENSION_STAGING_PAGES};
@@ -15,6 +19,7 @@ use crate::counters::Counters;
 use crate::io::aligned::Scratch;
 use crate::io::aligned::{round_down, round_up};
 use crate::io::extension_file::ExtensionFile;
+use crate::io::FileStamp;
 use crate::io::{FaultInjector, FaultyExtensionFile};
 use crate::page::{FileKey, PageKey};
 use crate::pool::Frame;
@@ -23,14 +28,22 @@ use crate::sync::{Latch, Mutex, Rank, RwLock};
 use crate::Result;
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Bytes of one region of the ring: one write batch.
 pub const REGION_BYTES: u64 = EXTENSION_BATCH_BYTES as u64;
-/// The smallest extension: two regions (the writer fills one while the other holds pages).
-pub const MIN_EXTENSION_BYTES: u64 = 2 * REGION_BYTES;
+/// The smallest extension: two regions (the writer fills one while the other holds pages) and
+/// the checkpoint slots, in whole regions.
+pub const MIN_EXTENSION_BYTES: u64 =
+    checkpoint::file_bytes(2).div_ceil(REGION_BYTES) * REGION_BYTES;
+
+/// The size an extension asked for `size` bytes has: whole regions (the file is that long; the
+/// ring and its checkpoint slots fit in it).
+pub const fn effective_size(size: u64) -> u64 {
+    size - size % REGION_BYTES
+}
 
 /// What the extension needs from the engine that owns it.
 pub trait ExtensionHost: Send + Sync {
@@ -39,7 +52,33 @@ pub trait ExtensionHost: Send + Sync {
     fn charge_index(&self, bytes: u64) -> bool;
     /// The extension gave up after repeated faults: the engine retires it.
     fn failed(&self, ext: &Arc<Extension>);
+    /// Every data file whose cached pages can be vouched for now (see [`Vouched`]).
+    fn vouched_files(&self) -> Vouched;
+    /// A checkpoint was restored: offer the files open now for adoption (on this thread).
+    fn adopt_open_files(&self, ext: &Arc<Extension>);
+    /// How often to checkpoint the index while it changes.
+    fn checkpoint_interval(&self) -> std::time::Duration;
 }
+
+/// The data files a checkpoint may record: each one's key and the stamp its cached pages were
+/// last verified against, the stamp read before the key (see `persist.rs`).
+#[derive(Default)]
+pub struct Vouched {
+    pub files: Vec<(FileKey, FileStamp)>,
+}
+
+impl Vouched {
+    /// Changes whenever a file, its key or its stamp does: a checkpoint is due then even if the
+    /// index did not change (a write to a page not in the extension changes the file's stamp;
+    /// a stamp that was within a clock tick of a change becomes one to vouch for).
+    pub fn fingerprint(&self) -> u64 {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        BuildHasherDefault::<DefaultHasher>::default().hash_one(&self.files)
+    }
+}
+
+/// Work the writer's thread runs for others (adoptions: only that thread grows the index).
+type Chore = Box<dyn FnOnce() + Send>;
 
 /// Pages read in one request by [`Extension::read_run`]; the first `len` passed their checksums.
 pub struct Run {
@@ -60,6 +99,8 @@ impl Run {
 /// What the background writer receives.
 enum ToWriter {
     Page(Staged),
+    /// Chores are waiting (see `Extension::request_adoption`).
+    Chores,
     /// Stop now (the extension is being disabled).
     Stop,
 }
@@ -76,10 +117,14 @@ struct Tables {
     /// Pages handed to the writer and not yet indexed, with their staging sequence number.
     /// A write to the page removes it here, and the writer then drops its copy.
     staged: HashMap<PageKey, u64>,
+    /// The last checkpoint's pages not adopted yet.
+    restored: persist::Restored,
 }
 
 pub struct Extension {
     file: FaultyExtensionFile,
+    /// Bytes of the file (the effective size).
+    size: u64,
     regions: usize,
     tables: RwLock<Tables>,
     staging: Sender<ToWriter>,
@@ -99,11 +144,19 @@ pub struct Extension {
     counters: Arc<Counters>,
     host: Arc<dyn ExtensionHost>,
     epoch: Instant,
-}
-
-/// Regions of an extension of `size` bytes.
-pub fn regions_for(size: u64) -> usize {
-    (size / REGION_BYTES).min(u32::MAX as u64 / 1024) as usize
+    /// The generation the next checkpoint gets (held while one is written).
+    checkpoint_generation: Mutex<u64>,
+    /// Set when the index changed since the last checkpoint.
+    index_changed: AtomicBool,
+    /// The vouched files' fingerprint at the last checkpoint.
+    checkpointed_files: AtomicU64,
+    /// The region the writer is filling.
+    writer_region: AtomicUsize,
+    /// Chores for the writer's thread, and how many are asked for and not done.
+    chores: Mutex<Vec<Chore>>,
+    chores_pending: AtomicUsize,
+    /// Set once the writer has restored the file's checkpoint (at once for a new file).
+    restore_done: AtomicBool,
 }
 
 /// Index bytes an extension of `size` bytes starts with (sized for 4 KiB pages).
@@ -113,7 +166,10 @@ pub fn initial_index_bytes(size: u64) -> u64 {
 }
 
 impl Extension {
-    pub fn create(
+    /// Opens the extension at `path`: a file a previous process of ours left there (of this
+    /// size) is taken over and restored from its checkpoint in the background; otherwise a new
+    /// file is made (see `ExtensionFile::open`).
+    pub fn open(
         path: &Path,
         size: u64,
         counters: Arc<Counters>,
@@ -121,18 +177,21 @@ impl Extension {
         host: Arc<dyn ExtensionHost>,
         epoch: Instant,
     ) -> Result<Arc<Extension>> {
+        let size = effective_size(size);
         let regions = regions_for(size);
-        let file = ExtensionFile::create(path, regions as u64 * REGION_BYTES)?;
+        let (file, reused) = ExtensionFile::open(path, size)?;
         let file = FaultyExtensionFile::new(file, faults);
         let (tx, rx) = crate::sync::channel::bounded(EXTENSION_STAGING_PAGES);
         let ext = Arc::new(Extension {
             file,
+            size,
             regions,
             tables: RwLock::new(
                 Rank::ExtensionTables,
                 Tables {
                     index: ExtensionIndex::new(regions, REGION_BYTES),
                     staged: HashMap::new(),
+                    restored: Default::default(),
                 },
             ),
             staging: tx,
@@ -148,15 +207,48 @@ impl Extension {
             counters,
             host,
             epoch,
+            checkpoint_generation: Mutex::new(Rank::Checkpoint, 0),
+            index_changed: AtomicBool::new(false),
+            checkpointed_files: AtomicU64::new(0),
+            writer_region: AtomicUsize::new(0),
+            chores: Mutex::new(Rank::Leaf, Vec::new()),
+            chores_pending: AtomicUsize::new(0),
+            restore_done: AtomicBool::new(!reused),
         });
-        writer::spawn(ext.clone(), rx, ext.writer_done.clone());
+        writer::spawn(ext.clone(), rx, ext.writer_done.clone(), reused);
         Ok(ext)
+    }
+
+    /// Runs `chore` on the writer's thread (soon: it looks between batches and when idle).
+    pub fn request_adoption(&self, chore: impl FnOnce() + Send + 'static) {
+        self.chores_pending.fetch_add(1, Relaxed);
+        self.chores.lock().push(Box::new(chore));
+        // If the queue is full the writer is busy, and looks at its chores between batches.
+        let _ = self.staging.try_send(ToWriter::Chores);
+    }
+
+    fn run_chores(&self) {
+        let chores = std::mem::take(&mut *self.chores.lock());
+        for chore in chores {
+            chore();
+            self.chores_pending.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// True once the checkpoint is restored and every adoption asked for has run.
+    pub fn restore_settled(&self) -> bool {
+        self.restore_done.load(Relaxed) && self.chores_pending.load(Relaxed) == 0
     }
 
     pub fn path(&self) -> &Path {
         self.file.file().path()
     }
+    /// Bytes of the file (the ring and its checkpoint slots fit in it).
     pub fn size_bytes(&self) -> u64 {
+        self.size
+    }
+    /// Bytes of the ring, where pages go.
+    pub fn ring_bytes(&self) -> u64 {
         self.regions as u64 * REGION_BYTES
     }
     pub fn identity(&self) -> crate::io::FileIdentity {
@@ -268,10 +360,11 @@ impl Extension {
                 self.fault(format!("read error: {e}"));
                 false
             }
-            Ok(()) if page_crc(key, page) != loc.crc => {
-                // The writer may have reused the region since we looked: that is a plain miss.
-                // Only an entry that still claims this place is corrupt.
-                if self.drop_entry(key, loc) {
+            Ok(()) if page_crc(key.page, page) != loc.crc => {
+                // The writer may have reused the region since we looked, or (for a restored
+                // entry) the previous process's writer did after its checkpoint: a plain miss.
+                // Only a written entry that still claims this place is corrupt.
+                if self.drop_entry(key, loc) && !loc.restored {
                     Counters::bump(&self.counters.ext_checksum_failures);
                     self.fault(format!("checksum mismatch at offset {}", loc.offset));
                 }
@@ -348,8 +441,8 @@ impl Extension {
             len: 0,
         };
         for (i, loc) in run.iter().enumerate() {
-            if page_crc(keys[i], out.page(i)) != loc.crc {
-                if self.drop_entry(keys[i], *loc) {
+            if page_crc(keys[i].page, out.page(i)) != loc.crc {
+                if self.drop_entry(keys[i], *loc) && !loc.restored {
                     Counters::bump(&self.counters.ext_checksum_failures);
                     self.fault(format!("checksum mismatch at offset {}", loc.offset));
                 }
@@ -399,7 +492,9 @@ impl Extension {
     pub fn invalidate(&self, key: PageKey) {
         let mut t = self.tables.write();
         t.staged.remove(&key);
-        t.index.remove(key);
+        if t.index.remove(key).is_some() {
+            self.index_changed.store(true, Relaxed);
+        }
     }
 
     /// Drops every copy of pages of `file` from `first_page` on (all files if None).
@@ -408,6 +503,10 @@ impl Extension {
         let mut t = self.tables.write();
         t.staged.retain(|k, _| !hit(*k));
         t.index.remove_where(hit);
+        if file.is_none() {
+            t.restored.clear();
+        }
+        self.index_changed.store(true, Relaxed);
     }
 
     /// Every cached page with the time its region was last referenced.
@@ -419,8 +518,30 @@ impl Extension {
             .collect()
     }
 
-    /// Stops admitting, waits for the writer's batch in flight, and deletes the file.
+    /// Stops admitting, waits for the writer's batch in flight, and deletes the file (the
+    /// operator's OFF, a resize, a retirement after faults).
     pub fn shutdown(&self) {
+        self.stop_writer();
+        self.file.file().remove();
+    }
+
+    /// Stops the writer, writes a last checkpoint of the `vouched` files' pages (see
+    /// [`Extension::checkpoint_files`]) and keeps the file, for the next process to start warm
+    /// from (the engine closes; the process exits).
+    pub fn close(&self, vouched: Vouched) {
+        if !self.stop_writer() {
+            return; // a writer still running could overwrite what the next process restores
+        }
+        if !self.failed.load(Relaxed) {
+            self.checkpoint_files(vouched);
+        }
+        // Done with the file: the next owner may take it over at once, even while a reader in
+        // flight still holds this extension (its reads verify, and miss, like any other).
+        self.file.file().unlock();
+    }
+
+    /// True once the writer has stopped (it is waited for up to 10 s).
+    fn stop_writer(&self) -> bool {
         self.stopping.store(true, Relaxed);
         // Wakes the writer if it waits for pages; if the queue is full it is busy, and checks
         // `stopping` between batches (well under a second).
@@ -430,13 +551,9 @@ impl Extension {
             .wait_timeout(std::time::Duration::from_secs(10))
         {
             log::error!("buffer pool extension writer did not stop within 10 s");
+            return false;
         }
-        self.file.file().remove();
-    }
-
-    /// Deletes the file without waiting for the writer (process exit, self-disable).
-    pub fn remove_file_only(&self) {
-        self.file.file().remove();
+        true
     }
 
     /// Pages staged and not yet written (or dropped).
@@ -444,9 +561,32 @@ impl Extension {
         self.tables.read().staged.len()
     }
 
+    /// Raises the index memory charged against max server memory to `needed` bytes (it never
+    /// lowers it); false if the host cannot make room. The charge is claimed before the host
+    /// lowers L1's target, so that a concurrent recomputation of that target (max server memory
+    /// less this charge: an operator's memory change, an enable) never works from the old,
+    /// smaller charge and leaves the two summing above the bound. Shuttle found that order.
+    fn charge(&self, needed: u64) -> bool {
+        let before = self.charged.fetch_max(needed, Relaxed);
+        if needed <= before || self.host.charge_index(needed) {
+            return true;
+        }
+        // Refused: give the claim back unless it was raised meanwhile.
+        let _ = self
+            .charged
+            .compare_exchange(needed, before, Relaxed, Relaxed);
+        false
+    }
+
+    /// RAM the index, its per-region times and the restored pages waiting for adoption take.
+    fn index_footprint(&self) -> u64 {
+        let t = self.tables.read();
+        t.index.bytes() + self.regions as u64 * 8 + t.restored.bytes()
+    }
+
     /// The index never takes more memory than is charged for it (tests and soak runs).
     pub fn check_invariants(&self) {
-        let bytes = self.tables.read().index.bytes() + self.regions as u64 * 8;
+        let bytes = self.index_footprint();
         assert!(
             bytes <= self.index_bytes(),
             "extension index takes {bytes} bytes, more than the {} charged",
@@ -462,8 +602,8 @@ impl Extension {
 
 impl Drop for Extension {
     fn drop(&mut self) {
+        // The file stays unless `shutdown` removed it: `close` left it for the next process.
         self.stopping.store(true, Relaxed);
-        self.file.file().remove();
     }
 }
 

@@ -6,6 +6,10 @@
 //! for larger pages), writes the batch with one O_DIRECT write, and only then indexes the pages
 //! whose staging entry is still current (a write to a page in between has removed it). Queries
 //! never wait for it.
+//!
+//! It also restores the last checkpoint when the file was taken over from a previous process,
+//! adopts restored pages for files as they open, and checkpoints the index every few seconds
+//! while it changes (see `persist.rs`).
 
 use super::{page_crc, Extension, Staged, ToWriter, REGION_BYTES};
 use crate::config::DIRECT_IO_ALIGN;
@@ -16,18 +20,28 @@ use crate::sync::channel::{Receiver, RecvTimeoutError};
 use crate::sync::Latch;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long the writer waits for more pages before writing a partial batch.
 const GATHER: Duration = Duration::from_millis(2);
 const POLL: Duration = Duration::from_millis(50);
 
-/// Starts the writer; it sets `done` when it has stopped.
-pub(super) fn spawn(ext: Arc<Extension>, rx: Receiver<ToWriter>, done: Arc<Latch>) {
+/// Starts the writer (restoring the file's last checkpoint first if `restore`); it sets `done`
+/// when it has stopped.
+pub(super) fn spawn(ext: Arc<Extension>, rx: Receiver<ToWriter>, done: Arc<Latch>, restore: bool) {
     // Detached: shutdown waits for `done` (with a deadline) rather than joining, so that an
     // operator's OFF or resize can never hang on the thread's exit.
     crate::sync::spawn("bpe-extension-writer", move || {
-        Writer::new(ext).run(rx);
+        let mut writer = Writer::new(ext);
+        if restore {
+            let ext = writer.ext.clone();
+            writer.region = ext.restore();
+            ext.writer_region.store(writer.region, Relaxed);
+            ext.host.adopt_open_files(&ext);
+            ext.restore_done.store(true, Relaxed);
+        }
+        // Consumes the writer: its hold on the extension ends before `done` says it stopped.
+        writer.run(rx);
         done.set();
     })
     .expect("spawn extension writer");
@@ -41,16 +55,20 @@ struct Writer {
     /// Byte offset where the previous batch ended, to count sequential writes.
     last_end: Option<u64>,
     buf: AlignedBuf,
+    last_checkpoint: Instant,
+    checkpoint_interval: Duration,
 }
 
 impl Writer {
     fn new(ext: Arc<Extension>) -> Self {
         Writer {
+            checkpoint_interval: ext.host.checkpoint_interval(),
             ext,
             region: 0,
             fill: 0,
             last_end: None,
             buf: AlignedBuf::new(REGION_BYTES as usize),
+            last_checkpoint: Instant::now(),
         }
     }
 
@@ -64,11 +82,12 @@ impl Writer {
             if self.ext.stopping.load(Relaxed) {
                 return;
             }
+            self.between_batches();
             if batch.is_empty() {
                 match rx.recv_timeout(POLL) {
                     Ok(ToWriter::Page(s)) => batch.push(s),
                     Ok(ToWriter::Stop) | Err(RecvTimeoutError::Disconnected) => return,
-                    Err(RecvTimeoutError::Timeout) => continue,
+                    Ok(ToWriter::Chores) | Err(RecvTimeoutError::Timeout) => continue,
                 }
             }
             let mut bytes: usize = batch.iter().map(|s| s.frame.data.len()).sum();
@@ -79,10 +98,19 @@ impl Writer {
                         batch.push(s);
                     }
                     Ok(ToWriter::Stop) => return,
-                    Err(_) => break,
+                    Ok(ToWriter::Chores) | Err(_) => break,
                 }
             }
             self.write_batch(&mut batch);
+        }
+    }
+
+    /// Adoptions asked for, and a checkpoint when one is due.
+    fn between_batches(&mut self) {
+        self.ext.run_chores();
+        if self.last_checkpoint.elapsed() >= self.checkpoint_interval {
+            self.ext.checkpoint_if_changed();
+            self.last_checkpoint = Instant::now();
         }
     }
 
@@ -117,7 +145,7 @@ impl Writer {
         for s in &placed {
             let page = &s.frame.data;
             self.buf[at..at + page.len()].copy_from_slice(page);
-            crcs.push(page_crc(s.key, page));
+            crcs.push(page_crc(s.key.page, page));
             offsets.push(self.fill + at);
             at += page.len();
         }
@@ -150,6 +178,7 @@ impl Writer {
                 }
             }
             drop(t);
+            ext.index_changed.store(true, Relaxed);
             // Faults must be consecutive to disable the extension: a good write ends a streak.
             ext.consecutive_faults.store(0, Relaxed);
             let c = &ext.counters;
@@ -159,7 +188,7 @@ impl Writer {
                 c.ext_sequential_write_pages
                     .fetch_add(placed.len() as u64, Relaxed);
             }
-            self.last_end = Some((offset + bytes as u64) % ext.size_bytes());
+            self.last_end = Some((offset + bytes as u64) % ext.ring_bytes());
         }
         if self.room() < crate::extension::UNIT {
             self.next_region();
@@ -169,13 +198,18 @@ impl Writer {
     fn next_region(&mut self) {
         self.region = (self.region + 1) % self.ext.regions;
         self.fill = 0;
+        self.ext.writer_region.store(self.region, Relaxed);
     }
 
     /// Forgets what the region about to be overwritten holds (the ring's oldest pages).
     fn enter_region(&mut self) {
         let ext = &self.ext;
         let now = ext.now_ms();
-        let evicted = ext.tables.write().index.clear_region(self.region);
+        let evicted = {
+            let mut t = ext.tables.write();
+            t.restored.overwrite(self.region);
+            t.index.clear_region(self.region)
+        };
         if evicted > 0 {
             ext.counters
                 .ext_page_evictions
@@ -196,17 +230,13 @@ impl Writer {
         let regions_overhead = ext.regions as u64 * 8;
         let mut ahead = 1;
         loop {
-            let needed = ext
-                .tables
-                .read()
-                .index
-                .bytes_after_prepare(self.region, pages.len())
-                + regions_overhead;
-            if needed <= ext.charged.load(Relaxed) {
-                return pages;
-            }
-            if ext.host.charge_index(needed) {
-                ext.charged.fetch_max(needed, Relaxed);
+            let needed = {
+                let t = ext.tables.read();
+                t.index.bytes_after_prepare(self.region, pages.len())
+                    + regions_overhead
+                    + t.restored.bytes()
+            };
+            if ext.charge(needed) {
                 return pages;
             }
             if ahead < ext.regions {

@@ -45,7 +45,7 @@ impl FileIdentity {
 
 /// What a file looks like from outside, one fstat away: which file, its size, and when its data
 /// and its inode last changed (to the nanosecond). Any write changes at least the times.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FileStamp {
     pub identity: FileIdentity,
     pub size: u64,

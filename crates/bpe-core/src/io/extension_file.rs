@@ -2,11 +2,12 @@
 //! following a symlink, mode 0600 because it holds database pages in the clear), preallocated,
 //! and accessed with O_DIRECT.
 //!
-//! A process killed while its extension is on leaves the file behind. Such a file is recognised
-//! and replaced, as SQL Server recreates its extension file at startup: it carries our extended
+//! A process that ends with its extension on (a clean exit or a kill) leaves the file behind for
+//! the next one to start warm from. Such a file is recognised: it carries our extended
 //! attribute, belongs to this user with mode 0600, and no live process holds the OFD lock that
 //! every enabled extension holds on its byte 0 (the kernel drops it with the last descriptor).
-//! Any other file at the path is refused and left untouched.
+//! It is taken over if it has the size asked for, and replaced by a new file otherwise. Any
+//! other file at the path is refused and left untouched.
 
 use super::data_file::read_full;
 use crate::{Error, Result};
@@ -87,16 +88,62 @@ fn companion_suffix(name: &str) -> Option<&'static str> {
 }
 
 impl ExtensionFile {
-    /// Creates and preallocates the file. On any failure nothing is left behind.
-    pub fn create(path: &Path, size: u64) -> Result<ExtensionFile> {
+    /// Takes over the file a previous process of ours left at `path` if it is `size` bytes
+    /// (true: its contents are worth restoring), or creates a new one (false).
+    pub fn open(path: &Path, size: u64) -> Result<(ExtensionFile, bool)> {
         validate_path(path)?;
         if let Some((dev, ino)) = stale_extension(path) {
-            log::warn!(
-                "replacing the buffer pool extension file {} left by a process that ended without removing it",
+            if let Some(file) = Self::take_over(path, dev, ino, size)? {
+                return Ok((file, true));
+            }
+            log::info!(
+                "replacing the buffer pool extension file {} left by a previous process (another size)",
                 path.display()
             );
             remove_if_same(path, dev, ino);
         }
+        Self::create(path, size).map(|f| (f, false))
+    }
+
+    /// Opens and locks the left-over file (dev, ino) if it still is at `path` with `size` bytes.
+    fn take_over(path: &Path, dev: u64, ino: u64, size: u64) -> Result<Option<ExtensionFile>> {
+        let Ok(file) = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+        else {
+            return Ok(None);
+        };
+        let Ok(meta) = file.metadata() else {
+            return Ok(None);
+        };
+        if (meta.dev(), meta.ino()) != (dev, ino) {
+            return Ok(None); // replaced meanwhile: create_new will refuse whatever is there
+        }
+        let fl = lock_request(libc::F_WRLCK);
+        // SAFETY: the descriptor is open (read-write) for the call; fl is a valid flock.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) } != 0 {
+            return Err(bad(
+                path,
+                "another process's buffer pool extension is using it",
+            ));
+        }
+        if meta.len() != size {
+            return Ok(None);
+        }
+        let ext = ExtensionFile {
+            path: path.to_path_buf(),
+            file,
+            dev,
+            ino,
+        };
+        ext.set_direct()?;
+        Ok(Some(ext))
+    }
+
+    /// Creates and preallocates the file. On any failure nothing is left behind.
+    fn create(path: &Path, size: u64) -> Result<ExtensionFile> {
         let create_err = |source| Error::ExtensionCreate {
             path: path.to_path_buf(),
             source,
@@ -204,6 +251,14 @@ impl ExtensionFile {
     /// Writes an aligned batch at `offset`.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
         self.file.write_all_at(data, offset)
+    }
+
+    /// Releases the lock that marks the file as a live extension's (the extension is closed and
+    /// the file left for the next process).
+    pub fn unlock(&self) {
+        let fl = lock_request(libc::F_UNLCK);
+        // SAFETY: fd is open for the life of self.file; fl is a valid flock.
+        unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
     }
 
     /// Deletes the file, but only if the path still names our inode: never a file that is not ours.

@@ -1,0 +1,363 @@
+//! Warm restart: the extension's index written to checkpoints, and read back by the next process
+//! that enables an extension at the same path.
+//!
+//! - **Checkpoint** (`Extension::checkpoint`): by the writer every few seconds while the index
+//!   changes, and at a clean close. It records, for every data file whose cached pages the
+//!   engine can vouch for, the stamp they were last verified against, read *before* the file's
+//!   key: a change after that moment gives the file another stamp, so a checkpoint can only
+//!   err towards dropping pages at restart, never towards keeping stale ones.
+//! - **Restore** (`Extension::restore`): by the writer of the next process, before it writes
+//!   anything, while queries are served from RAM and the data files. The checkpoint's pages go
+//!   to a waiting list per file identity; the writer continues the ring where the checkpoint
+//!   left it, and each region it enters voids what the list says of that region.
+//! - **Adoption** (`Extension::adopt`): when this process opens a listed file (or at once for a
+//!   file already open), with every write to the file held off. Its pages are indexed under the
+//!   file's current key only if the file is provably as it was: the same identity, a stamp equal
+//!   to the nanosecond (size, mtime, ctime), and its first page matching the copy's checksum
+//!   when the checkpoint has one (SQLite's header: the change counter of every commit). Anything
+//!   else drops the file's pages. Every page is still read back against its checksum.
+
+use super::checkpoint::{self, Checkpoint, SavedEntry, SavedFile, MAX_FILES};
+use super::{Extension, REGION_BYTES};
+use crate::counters::Counters;
+use crate::io::{FileIdentity, FileStamp};
+use crate::page::{FileKey, PageKey};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+/// A checkpoint's pages of one data file, waiting for the file to be opened.
+pub(super) struct RestoredFile {
+    stamp: FileStamp,
+    entries: Vec<SavedEntry>,
+}
+
+/// What the last checkpoint said and this process has not adopted yet.
+#[derive(Default)]
+pub(super) struct Restored {
+    files: HashMap<FileIdentity, RestoredFile>,
+    /// Regions the writer entered since the restore: what the checkpoint says of them is void.
+    overwritten: Vec<bool>,
+    entries: usize,
+}
+
+/// Bytes of RAM one waiting entry takes (charged like the index).
+const RESTORED_ENTRY_BYTES: u64 = std::mem::size_of::<SavedEntry>() as u64;
+
+impl Restored {
+    pub(super) fn bytes(&self) -> u64 {
+        self.entries as u64 * RESTORED_ENTRY_BYTES
+    }
+
+    /// The writer is about to overwrite `region`.
+    pub(super) fn overwrite(&mut self, region: usize) {
+        if let Some(o) = self.overwritten.get_mut(region) {
+            *o = true;
+        }
+        if !self.overwritten.is_empty() && self.overwritten.iter().all(|&o| o) {
+            // The ring came round: nothing of the checkpoint is left.
+            self.files.clear();
+            self.entries = 0;
+        }
+    }
+
+    fn live(&self, e: &SavedEntry) -> bool {
+        !self.overwritten[e.region as usize]
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.files.clear();
+        self.entries = 0;
+    }
+}
+
+/// What the first page of a file reads as now, for adoption: its checksum by length.
+pub trait FirstPage {
+    /// `page_crc(0, bytes)` of the file's first `len` bytes, or None if they cannot be read.
+    fn crc(&mut self, len: usize) -> Option<u32>;
+}
+
+impl<F: FnMut(usize) -> Option<u32>> FirstPage for F {
+    fn crc(&mut self, len: usize) -> Option<u32> {
+        self(len)
+    }
+}
+
+impl Extension {
+    /// Writes the index to the next checkpoint slot if it or the files the host vouches for
+    /// changed since the last one.
+    pub fn checkpoint_if_changed(&self) {
+        let vouched = self.host.vouched_files();
+        if self.index_changed.load(Relaxed)
+            || vouched.fingerprint() != self.checkpointed_files.load(Relaxed)
+        {
+            self.checkpoint_files(vouched);
+        }
+    }
+
+    /// Writes the index to the next checkpoint slot, for the `vouched` files (key, stamp), read
+    /// stamp first, then key, before this call: see the module doc. Errors only cost warmth at
+    /// the next start.
+    pub fn checkpoint_files(&self, vouched: super::Vouched) {
+        let mut generation = self.checkpoint_generation.lock();
+        self.index_changed.store(false, Relaxed);
+        let started = Instant::now();
+        let mut files: Vec<SavedFile> = Vec::new();
+        let mut by_key: HashMap<FileKey, u16> = HashMap::new();
+        let mut entries = Vec::new();
+        let capacity = checkpoint::entry_capacity(self.regions);
+        let current = self.writer_region.load(Relaxed);
+        {
+            let t = self.tables.read();
+            for &(key, stamp) in &vouched.files {
+                if files.len() == MAX_FILES {
+                    break;
+                }
+                by_key.insert(key, files.len() as u16);
+                files.push(SavedFile { stamp });
+            }
+            // Newest region first: if the slot runs out of room, the oldest pages are left out.
+            'regions: for back in 0..self.regions {
+                let region = (current + self.regions - back) % self.regions;
+                for (key, loc) in t.index.region_entries(region) {
+                    let Some(&file) = by_key.get(&key.file) else {
+                        continue;
+                    };
+                    if entries.len() == capacity {
+                        break 'regions;
+                    }
+                    entries.push(SavedEntry {
+                        file,
+                        page: key.page as u32,
+                        crc: loc.crc,
+                        region: region as u32,
+                        unit: ((loc.offset % REGION_BYTES) / super::UNIT as u64) as u16,
+                        size_log2: loc.len.trailing_zeros() as u8,
+                    });
+                }
+            }
+            // Files this process never opened keep what the last checkpoint said of them.
+            for r in t.restored.files.values() {
+                if files.len() == MAX_FILES {
+                    break;
+                }
+                let file = files.len() as u16;
+                files.push(SavedFile { stamp: r.stamp });
+                let room = capacity - entries.len();
+                entries.extend(
+                    r.entries
+                        .iter()
+                        .filter(|e| t.restored.live(e))
+                        .take(room)
+                        .map(|e| SavedEntry { file, ..*e }),
+                );
+            }
+        }
+        let c = Checkpoint {
+            generation: *generation,
+            next_region: (current + 1) % self.regions,
+            files,
+            entries,
+        };
+        let buf = c.encode(self.regions);
+        let offset = checkpoint::slot_offset(self.regions, c.generation);
+        match self.file.write_at(offset, &buf) {
+            Ok(()) => {
+                *generation += 1;
+                self.checkpointed_files
+                    .store(vouched.fingerprint(), Relaxed);
+                Counters::bump(&self.counters.ext_checkpoints);
+                log::debug!(
+                    "buffer pool extension checkpoint {}: {} pages of {} files in {:?}",
+                    c.generation,
+                    c.entries.len(),
+                    c.files.len(),
+                    started.elapsed()
+                );
+            }
+            // The slot may be torn: the other one still holds the previous checkpoint.
+            Err(e) => log::warn!("buffer pool extension checkpoint not written: {e}"),
+        }
+    }
+
+    /// Reads the newest valid checkpoint, lists its pages for adoption, and returns the region
+    /// the writer goes on from. Run by the writer before it writes anything.
+    pub(super) fn restore(&self) -> usize {
+        let started = Instant::now();
+        let mut newest: Option<Checkpoint> = None;
+        let mut highest = None;
+        for slot in 0..2u64 {
+            match self.read_slot(slot) {
+                Ok(c) => {
+                    highest = highest.max(Some(c.generation));
+                    if newest.as_ref().is_none_or(|n| n.generation < c.generation) {
+                        newest = Some(c);
+                    }
+                }
+                Err(why) => log::debug!("checkpoint slot {slot}: {why}"),
+            }
+        }
+        let Some(c) = newest else {
+            log::info!(
+                "buffer pool extension {}: no usable checkpoint, starting cold",
+                self.path().display()
+            );
+            return 0;
+        };
+        *self.checkpoint_generation.lock() = highest.unwrap_or(0) + 1;
+        let mut files: HashMap<FileIdentity, RestoredFile> = c
+            .files
+            .iter()
+            .map(|f| {
+                let r = RestoredFile {
+                    stamp: f.stamp,
+                    entries: Vec::new(),
+                };
+                (f.stamp.identity, r)
+            })
+            .collect();
+        for e in &c.entries {
+            let id = c.files[e.file as usize].stamp.identity;
+            files.get_mut(&id).expect("listed").entries.push(*e);
+        }
+        let restored = Restored {
+            files,
+            overwritten: vec![false; self.regions],
+            entries: c.entries.len(),
+        };
+        let bytes = restored.bytes();
+        if !self.charge_more(bytes) {
+            self.counters
+                .ext_pages_not_restored
+                .fetch_add(c.entries.len() as u64, Relaxed);
+            log::warn!("buffer pool extension: no memory to restore the checkpoint's index");
+            return c.next_region;
+        }
+        self.tables.write().restored = restored;
+        log::info!(
+            "buffer pool extension {}: checkpoint {} lists {} pages of {} files (read in {:?})",
+            self.path().display(),
+            c.generation,
+            c.entries.len(),
+            c.files.len(),
+            started.elapsed()
+        );
+        c.next_region
+    }
+
+    fn read_slot(&self, slot: u64) -> Result<Checkpoint, String> {
+        let offset = checkpoint::slot_offset(self.regions, slot);
+        let mut head = crate::io::AlignedBuf::new(4096);
+        self.file
+            .read_at(offset, &mut head)
+            .map_err(|e| e.to_string())?;
+        let (_, payload) = Checkpoint::header(&head, self.regions)?;
+        let mut whole = crate::io::AlignedBuf::new(4096 + payload);
+        self.file
+            .read_at(offset, &mut whole)
+            .map_err(|e| e.to_string())?;
+        Checkpoint::decode(&whole, self.regions)
+    }
+
+    /// Whether the last checkpoint lists pages of this file that are still waiting.
+    pub fn has_restored(&self, file: FileIdentity) -> bool {
+        self.tables.read().restored.files.contains_key(&file)
+    }
+
+    /// Indexes the checkpoint's pages of a file under `key` if the file is provably unchanged:
+    /// `now` (its stamp now) equals the recorded one, and its first page matches the copy's
+    /// checksum. The caller holds off every write to the file, and runs on the writer's thread
+    /// (see `Extension::request_adoption`). Returns the pages indexed.
+    pub fn adopt(
+        &self,
+        key: FileKey,
+        now: Option<FileStamp>,
+        mut first_page: impl FirstPage,
+    ) -> usize {
+        let Some(now) = now else { return 0 };
+        let Some(rec) = self.tables.write().restored.take(now.identity) else {
+            return 0;
+        };
+        let refuse = |why: &str| {
+            self.counters
+                .ext_pages_not_restored
+                .fetch_add(rec.entries.len() as u64, Relaxed);
+            log::info!(
+                "buffer pool extension: {} cached pages of a file (inode {}) not restored: {why}",
+                rec.entries.len(),
+                now.identity.ino
+            );
+            0
+        };
+        if rec.stamp != now {
+            return refuse("the file changed while no bpe process had it open");
+        }
+        let header = {
+            let t = self.tables.read();
+            rec.entries
+                .iter()
+                .find(|e| e.page == 0 && t.restored.live(e))
+                .copied()
+        };
+        if let Some(h) = header {
+            if first_page.crc(h.len()) != Some(h.crc) {
+                return refuse("its first page differs from the cached copy");
+            }
+        }
+        // Index memory first (charging may evict from RAM, which offers pages to us). Only the
+        // writer's thread grows the index (adoptions run there), so the room charged stays room.
+        let mut per_region: HashMap<usize, usize> = HashMap::new();
+        for e in &rec.entries {
+            *per_region.entry(e.region as usize).or_default() += 1;
+        }
+        let per_region: Vec<(usize, usize)> = per_region.into_iter().collect();
+        let grow = {
+            let t = self.tables.read();
+            t.index.bytes_after_adding(&per_region) - t.index.bytes()
+        };
+        if !self.charge_more(grow) {
+            return refuse("the index has no memory left for them");
+        }
+        let mut t = self.tables.write();
+        let tables = &mut *t;
+        tables.index.prepare_many(&per_region);
+        let mut adopted = 0;
+        for e in &rec.entries {
+            let page = PageKey::new(key, e.page as u64);
+            if !tables.restored.live(e)
+                || tables.index.contains(page)
+                || tables.staged.contains_key(&page)
+                || !tables.index.has_room(e.region as usize)
+            {
+                continue;
+            }
+            tables.index.insert_restored(
+                page,
+                e.region as usize,
+                e.offset_in_region(),
+                e.len(),
+                e.crc,
+            );
+            adopted += 1;
+        }
+        drop(t);
+        self.index_changed.store(true, Relaxed);
+        self.counters
+            .ext_pages_restored
+            .fetch_add(adopted as u64, Relaxed);
+        adopted
+    }
+
+    /// Charges `more` bytes of index memory on top of what the index and the waiting list take.
+    fn charge_more(&self, more: u64) -> bool {
+        self.charge(self.index_footprint() + more)
+    }
+}
+
+impl Restored {
+    fn take(&mut self, id: FileIdentity) -> Option<RestoredFile> {
+        let r = self.files.remove(&id)?;
+        self.entries -= r.entries.len();
+        Some(r)
+    }
+}

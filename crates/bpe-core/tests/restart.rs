@@ -1,0 +1,177 @@
+//! Warm restart at the core: an engine closes with its extension on, and the next engine that
+//! enables an extension at the same path serves the pages from it, but only those of files it
+//! can prove unchanged. SQLite-level and SIGKILL tests are in sqlite-bpe's `restart.rs`.
+
+mod common;
+
+use bpe_core::{Engine, FileHandle, Tier};
+use common::*;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+const PAGES: u64 = 600;
+const EXT: u64 = 16 << 20;
+/// Less RAM than the file: most pages live only in the extension.
+const MEMORY: u64 = 1 << 20;
+/// Where the ring ends in a 16 MiB extension: 31 regions, then the two checkpoint slots.
+const RING_END: u64 = EXT - (512 << 10);
+
+/// Makes the data file and waits until its stamp is older than the racy window, so that the
+/// engine can vouch for it (a stamp within a clock tick of a write cannot be trusted).
+fn settled_file(dir: &Path, name: &str) -> std::path::PathBuf {
+    let path = make_file(dir, name, PAGES, PAGE);
+    std::thread::sleep(Duration::from_millis(60));
+    path
+}
+
+/// An engine with the extension at `ext` that reads every page of `data` once (each reaches
+/// the extension at load) and closes, leaving a checkpoint.
+fn fill_and_close(data: &Path, ext: &Path) {
+    let engine = engine(MEMORY);
+    engine.enable_extension(ext, EXT).unwrap();
+    let f = engine.open_file(data, PAGE).unwrap();
+    for p in 0..PAGES {
+        let (bytes, _) = read(&engine, &f, p);
+        assert_eq!(decode(&bytes), Some((p, 0)));
+    }
+    assert!(engine.wait_for_extension_writes(WAIT));
+    drop(f);
+    drop(engine);
+    assert!(ext.exists(), "a closed engine removed its extension file");
+}
+
+/// A new engine with the extension at `ext` and `data` open, once the restore has run.
+fn restart(data: &Path, ext: &Path) -> (Arc<Engine>, FileHandle) {
+    let engine = engine(MEMORY);
+    engine.enable_extension(ext, EXT).unwrap();
+    let f = engine.open_file(data, PAGE).unwrap();
+    assert!(engine.wait_for_extension_restore(WAIT));
+    (engine, f)
+}
+
+#[test]
+fn a_new_engine_serves_the_pages_a_closed_one_left_in_the_extension() {
+    let dir = tempdir();
+    let data = settled_file(dir.path(), "data");
+    let ext = dir.path().join("ext.bpe");
+    fill_and_close(&data, &ext);
+
+    let (engine, f) = restart(&data, &ext);
+    let c = engine.counters();
+    assert!(
+        c.ext_pages_restored >= PAGES - 10,
+        "{} of {PAGES} pages restored",
+        c.ext_pages_restored
+    );
+    assert_eq!(c.ext_pages_not_restored, 0);
+    let before = engine.counters();
+    for p in 0..PAGES {
+        let (bytes, _) = read(&engine, &f, p);
+        assert_eq!(decode(&bytes), Some((p, 0)), "page {p}");
+    }
+    let after = engine.counters();
+    // Pages come from the extension (some through its readahead, then from RAM), not the disk.
+    let from_ext = after.ext_page_reads - before.ext_page_reads;
+    let from_disk = after.page_reads - before.page_reads;
+    assert!(
+        from_ext >= PAGES - 10 && from_disk <= 10,
+        "{from_ext} pages from the extension, {from_disk} from the data file"
+    );
+    engine.check_invariants();
+}
+
+#[test]
+fn a_file_changed_between_engines_has_none_of_its_pages_restored() {
+    let dir = tempdir();
+    let data = settled_file(dir.path(), "data");
+    let ext = dir.path().join("ext.bpe");
+    fill_and_close(&data, &ext);
+    // Another program rewrites page 7 while no engine watches (same size, same bytes elsewhere).
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+        f.write_all_at(&page_bytes(7, 1, PAGE), 7 * PAGE as u64)
+            .unwrap();
+    }
+    let (engine, f) = restart(&data, &ext);
+    let c = engine.counters();
+    assert_eq!(c.ext_pages_restored, 0);
+    assert!(c.ext_pages_not_restored >= PAGES - 10);
+    let (bytes, tier) = read(&engine, &f, 7);
+    assert_eq!(decode(&bytes), Some((7, 1)), "a stale page was served");
+    assert_eq!(tier, Tier::DataFile);
+}
+
+#[test]
+fn a_damaged_checkpoint_or_an_unreadable_first_page_starts_cold() {
+    let dir = tempdir();
+    let data = settled_file(dir.path(), "data");
+    let ext = dir.path().join("ext.bpe");
+    fill_and_close(&data, &ext);
+
+    // The first page cannot be read to compare with the copy: nothing is taken on trust.
+    let engine = engine(MEMORY);
+    engine.faults().fail_data_reads(1);
+    engine.enable_extension(&ext, EXT).unwrap();
+    let _f = engine.open_file(&data, PAGE).unwrap();
+    assert!(engine.wait_for_extension_restore(WAIT));
+    assert_eq!(engine.counters().ext_pages_restored, 0);
+    assert!(engine.counters().ext_pages_not_restored > 0);
+    drop(_f);
+    drop(engine);
+
+    // Both checkpoint slots damaged: the file is taken over, cold, and works.
+    let len = std::fs::metadata(&ext).unwrap().len();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&ext).unwrap();
+        for at in (RING_END..len).step_by(4096) {
+            f.write_all_at(&[0xa5; 64], at).unwrap();
+        }
+    }
+    let (engine, f) = restart(&data, &ext);
+    assert_eq!(engine.counters().ext_pages_restored, 0);
+    for p in 0..PAGES {
+        assert_eq!(decode(&read(&engine, &f, p).0), Some((p, 0)));
+    }
+}
+
+#[test]
+fn disabling_deletes_the_file_and_the_next_start_is_cold() {
+    let dir = tempdir();
+    let data = settled_file(dir.path(), "data");
+    let ext = dir.path().join("ext.bpe");
+    fill_and_close(&data, &ext);
+    let (engine, _f) = restart(&data, &ext);
+    assert!(engine.counters().ext_pages_restored > 0);
+    engine.disable_extension().unwrap();
+    assert!(!ext.exists(), "OFF left the file");
+}
+
+/// A process killed after its checkpoint may have overwritten regions the checkpoint lists: the
+/// restored copies there fail their checksum, and that is a plain miss, not a device fault.
+#[test]
+fn restored_copies_the_ring_overwrote_since_are_misses_not_faults() {
+    let dir = tempdir();
+    let data = settled_file(dir.path(), "data");
+    let ext = dir.path().join("ext.bpe");
+    fill_and_close(&data, &ext);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&ext).unwrap();
+        f.write_all_at(&vec![0x5a; RING_END as usize], 0).unwrap();
+    }
+    let (engine, f) = restart(&data, &ext);
+    assert!(engine.counters().ext_pages_restored > 0);
+    for p in 0..PAGES {
+        assert_eq!(decode(&read(&engine, &f, p).0), Some((p, 0)), "page {p}");
+    }
+    let c = engine.counters();
+    assert_eq!(c.ext_checksum_failures, 0);
+    assert_eq!(
+        engine.extension_status().state,
+        bpe_core::ExtensionState::Enabled,
+        "misses taken for faults disabled the extension"
+    );
+}

@@ -1,0 +1,353 @@
+//! Warm restart through SQLite, the way applications restart: a process using bpe exits (or is
+//! SIGKILLed) with its extension on, and the next process configured with the same extension
+//! path starts warm from the file it left, in WAL and rollback mode, with 4, 8 and 16 KiB pages;
+//! and a database changed by plain SQLite between two bpe processes is never served stale.
+//!
+//! The children are this test binary re-executed (`child_entry`), configured by the environment
+//! as an application would be (`BPE_EXTENSION_FILE`, 1 MB of max server memory). Each one checks
+//! every row's checksum and the table's total against what the parent expects, and reports its
+//! counters on a line `COUNTERS restored not_restored ext_reads data_reads`.
+
+mod common;
+mod rows;
+
+use common::*;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use rusqlite::Connection;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const CHILD: &str = "BPE_RESTART_CHILD";
+const DB: &str = "BPE_RESTART_DB";
+/// "sum count" of the rows table as the parent last wrote it.
+const EXPECT: &str = "BPE_RESTART_EXPECT";
+const EXT_SIZE: &str = "16MB";
+
+#[test]
+#[ignore = "run by the restart tests as a child process"]
+fn child_entry() {
+    let Ok(mode) = std::env::var(CHILD) else {
+        return;
+    };
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("CHILD PANIC: {info}");
+        std::process::abort();
+    }));
+    sqlite_bpe::register().expect("register");
+    let db = PathBuf::from(std::env::var(DB).unwrap());
+    let expect = std::env::var(EXPECT).unwrap();
+    match mode.as_str() {
+        // Reads everything once, then exits cleanly (a last checkpoint is written at exit).
+        "read" => {
+            check_rows(&db, &expect);
+            report();
+        }
+        // Reads over and over, resizing the extension now and then, until killed.
+        "loop" => {
+            let ext = std::env::var("BPE_EXTENSION_FILE").unwrap();
+            std::thread::spawn(move || {
+                let c = Connection::open_in_memory().unwrap();
+                for size in ["20MB", "16MB"].iter().cycle() {
+                    std::thread::sleep(Duration::from_millis(150));
+                    let _ = try_exec(&c, &extension_on(&ext, size));
+                }
+            });
+            loop {
+                check_rows(&db, &expect);
+                report();
+            }
+        }
+        other => panic!("unknown child mode {other}"),
+    }
+}
+
+/// Every row's checksum, and the table's total, through a fresh bpe connection (autocommit
+/// statements, as an application's pool hands them out).
+fn check_rows(db: &Path, expect: &str) {
+    let c = open_bpe(db);
+    c.busy_timeout(Duration::from_secs(30)).unwrap();
+    c.execute_batch("PRAGMA cache_size = 1").unwrap();
+    assert!(sqlite_bpe::engine().wait_for_extension_restore(Duration::from_secs(30)));
+    let mut stmt = c.prepare("SELECT id, payload, crc FROM rows").unwrap();
+    let mut rows = stmt.query([]).unwrap();
+    let (mut sum, mut count) = (0i64, 0i64);
+    while let Some(r) = rows.next().unwrap() {
+        let id: i64 = r.get(0).unwrap();
+        let crc: i64 = r.get(2).unwrap();
+        let payload = r.get_ref(1).unwrap().as_blob().unwrap();
+        assert_eq!(rows::crc32(payload), crc, "row {id}: bad checksum");
+        sum = sum.wrapping_add(crc);
+        count += 1;
+    }
+    assert_eq!(format!("{sum} {count}"), expect, "a stale or lost row");
+}
+
+fn report() {
+    let k = sqlite_bpe::engine().counters();
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "COUNTERS {} {} {} {}",
+        k.ext_pages_restored, k.ext_pages_not_restored, k.ext_page_reads, k.page_reads
+    )
+    .unwrap();
+    out.flush().unwrap();
+}
+
+/// (restored, not restored, extension reads, data-file reads) from a child's last report.
+fn counters(stdout: &str) -> [u64; 4] {
+    let line = stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.split_once("COUNTERS ").map(|(_, v)| v))
+        .unwrap_or_else(|| panic!("no counters in {stdout:?}"));
+    let n: Vec<u64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+    [n[0], n[1], n[2], n[3]]
+}
+
+fn child(mode: &str, db: &Path, ext: &Path, expect: &str) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "child_entry",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    for var in bpe_vars() {
+        cmd.env_remove(var);
+    }
+    cmd.env(CHILD, mode)
+        .env(DB, db)
+        .env(EXPECT, expect)
+        .env("BPE_MAX_SERVER_MEMORY_MB", "1")
+        .env("BPE_EXTENSION_FILE", ext)
+        .env("BPE_EXTENSION_SIZE", EXT_SIZE)
+        .env("BPE_EXTENSION_CHECKPOINT_MS", "30")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Runs a "read" child to its end; its counters.
+fn run_reader(db: &Path, ext: &Path, expect: &str) -> [u64; 4] {
+    let out = child("read", db, ext, expect).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}:\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    counters(&stdout)
+}
+
+/// A database of about 1.5 MB of rows with checksums, made with plain SQLite; "sum count".
+fn create_db(path: &Path, journal: &str, page_size: usize) -> String {
+    let c = open_unix(path);
+    c.execute_batch(&format!(
+        "PRAGMA page_size = {page_size}; PRAGMA journal_mode = {journal};
+         CREATE TABLE rows(id INTEGER PRIMARY KEY, payload BLOB NOT NULL, crc INTEGER NOT NULL);
+         BEGIN;"
+    ))
+    .unwrap();
+    for id in 1..=2000u64 {
+        let p = rows::payload(id, 300 + (id as usize * 53) % 900);
+        c.execute(
+            "INSERT INTO rows(id, payload, crc) VALUES (?1, ?2, ?3)",
+            rusqlite::params![id, p, rows::crc32(&p)],
+        )
+        .unwrap();
+    }
+    c.execute_batch("COMMIT").unwrap();
+    drop(c);
+    settle();
+    expected(path)
+}
+
+/// "sum count" of the rows, read with plain SQLite (the sum wraps, as the child's does).
+fn expected(path: &Path) -> String {
+    let c = open_unix(path);
+    let mut stmt = c.prepare("SELECT crc FROM rows").unwrap();
+    let (mut sum, mut count) = (0i64, 0i64);
+    for crc in stmt.query_map([], |r| r.get::<_, i64>(0)).unwrap() {
+        sum = sum.wrapping_add(crc.unwrap());
+        count += 1;
+    }
+    format!("{sum} {count}")
+}
+
+/// Rewrites every `step`-th row with plain SQLite, as another program would.
+fn rewrite(c: &Connection, step: i64, seed: u64) {
+    c.execute_batch("BEGIN").unwrap();
+    let mut id = 1 + (seed % step as u64) as i64;
+    while id <= 2000 {
+        let p = rows::payload(seed ^ id as u64, 200 + (id as usize * 31) % 800);
+        c.execute(
+            "UPDATE rows SET payload = ?1, crc = ?2 WHERE id = ?3",
+            rusqlite::params![p, rows::crc32(&p), id],
+        )
+        .unwrap();
+        id += step;
+    }
+    c.execute_batch("COMMIT").unwrap();
+}
+
+/// Lets the file's timestamps age past the window in which a coarse clock could not tell two
+/// writes apart (the engine vouches only for older stamps).
+fn settle() {
+    std::thread::sleep(Duration::from_millis(80));
+}
+
+#[test]
+fn a_restarted_process_starts_warm_in_both_journal_modes_and_every_page_size() {
+    let dir = tempdir();
+    for (journal, page_size) in [("WAL", 4096), ("DELETE", 8192), ("DELETE", 16384)] {
+        let db = dir.path().join(format!("{journal}-{page_size}.db"));
+        let ext = dir.path().join(format!("{journal}-{page_size}.bpe"));
+        let expect = create_db(&db, journal, page_size);
+        let cold = run_reader(&db, &ext, &expect);
+        assert!(ext.exists(), "a clean exit removed the extension file");
+        let warm = run_reader(&db, &ext, &expect);
+        println!("{journal} {page_size}: cold {cold:?}, warm {warm:?}");
+        assert_eq!(cold[0], 0, "nothing to restore the first time");
+        assert!(
+            warm[0] > 0 && warm[1] == 0,
+            "{journal} {page_size}: restored {} pages, refused {}",
+            warm[0],
+            warm[1]
+        );
+        // The warm process reads from the extension what the cold one read from the disk.
+        assert!(
+            warm[2] > 0 && warm[3] * 4 < cold[3],
+            "{journal} {page_size}: data-file reads cold {}, warm {}",
+            cold[3],
+            warm[3]
+        );
+    }
+}
+
+#[test]
+fn a_database_changed_by_plain_sqlite_between_bpe_processes_is_never_served_stale() {
+    let dir = tempdir();
+    for (journal, page_size) in [("DELETE", 4096), ("WAL", 8192)] {
+        let db = dir.path().join(format!("{journal}-{page_size}.db"));
+        let ext = dir.path().join(format!("{journal}-{page_size}.bpe"));
+        let expect = create_db(&db, journal, page_size);
+        run_reader(&db, &ext, &expect);
+
+        // Plain SQLite changes some rows and closes (WAL: its close checkpoints into the file).
+        rewrite(&open_unix(&db), 7, 1);
+        settle();
+        let expect = expected(&db);
+        let after = run_reader(&db, &ext, &expect);
+        println!("{journal} {page_size}: after a change {after:?}");
+        assert_eq!(
+            after[0], 0,
+            "{journal}: pages of a changed file were restored"
+        );
+        assert!(
+            after[1] > 0,
+            "{journal}: nothing said the pages were refused"
+        );
+
+        if journal == "WAL" {
+            // A change that waits in the WAL leaves the database file as it was: its pages are
+            // restored, and SQLite reads the changed ones from the WAL.
+            run_reader(&db, &ext, &expect);
+            let plain = open_unix(&db);
+            plain
+                .execute_batch("PRAGMA wal_autocheckpoint = 0")
+                .unwrap();
+            rewrite(&plain, 5, 2);
+            settle();
+            let expect = expected(&db);
+            let with_wal = run_reader(&db, &ext, &expect);
+            println!("{journal} {page_size}: with frames in the WAL {with_wal:?}");
+            assert!(
+                with_wal[0] > 0,
+                "the unchanged database file was not restored"
+            );
+            drop(plain);
+        }
+    }
+}
+
+/// SIGKILL at random moments of readers (during the restore at their start, during fills,
+/// during resizes) with plain SQLite changing the database between some of them: every child
+/// checks every row and the table's total each round (a stale page fails it, and the child
+/// aborts, which the parent sees); then a clean reader checks once more.
+#[test]
+fn sigkill_during_fill_restore_or_resize_never_serves_a_stale_page() {
+    let seed: u64 = std::env::var("BPE_CRASH_SEED").ok().map_or_else(
+        || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        },
+        |v| v.parse().expect("BPE_CRASH_SEED"),
+    );
+    println!("BPE_CRASH_SEED={seed}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempdir();
+    let (mut restored, mut refused) = (0, 0);
+    for (journal, page_size) in [("WAL", 4096), ("DELETE", 16384)] {
+        let db = dir.path().join(format!("{journal}.db"));
+        let ext = dir.path().join(format!("{journal}.bpe"));
+        let mut expect = create_db(&db, journal, page_size);
+        for i in 0..8 {
+            if i % 3 == 2 {
+                rewrite(&open_unix(&db), rng.gen_range(3..20), rng.gen());
+                settle();
+                expect = expected(&db);
+            }
+            let delay = rng.gen_range(5..400);
+            let mut process = child("loop", &db, &ext, &expect).spawn().unwrap();
+            let out = process.stdout.take().unwrap();
+            let lines = std::thread::spawn(move || {
+                BufReader::new(out)
+                    .lines()
+                    .map_while(Result::ok)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+            std::thread::sleep(Duration::from_millis(delay));
+            if let Some(status) = process.try_wait().unwrap() {
+                let mut err = String::new();
+                use std::io::Read;
+                process
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
+                panic!("{journal} {i}: the child ended by itself ({status}):\n{err}");
+            }
+            process.kill().unwrap();
+            let status = process.wait().unwrap();
+            assert_eq!(status.signal(), Some(libc::SIGKILL));
+            let stdout = lines.join().unwrap();
+            if stdout.contains("COUNTERS") {
+                let c = counters(&stdout);
+                println!("{journal} {i}: killed after {delay} ms, counters {c:?}");
+                restored += c[0];
+                refused += c[1];
+            } else {
+                println!("{journal} {i}: killed after {delay} ms, before its first round");
+            }
+        }
+        let last = run_reader(&db, &ext, &expect);
+        println!("{journal}: the clean reader after the kills {last:?}");
+        restored += last[0];
+    }
+    println!("{restored} pages restored and {refused} refused in all");
+    assert!(
+        restored > 0,
+        "no process ever started warm: the test tested nothing"
+    );
+}
