@@ -523,13 +523,17 @@ pub(crate) fn child(
             .and_then(|e| e.files().first().map(|f| f.page_size))
             .unwrap_or(4096) as f64;
         let restored_gib = total.ext_pages_restored as f64 * page_size / (1u64 << 30) as f64;
+        let restore_ms = db::engine()
+            .and_then(|e| e.extension_restore_time())
+            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
         result.details["restore"] = json!({
             "settled": settled,
             "ms_from_process_start": ms,
+            "restore_ms": restore_ms,
+            "restore_ms_per_gib": restore_ms / restored_gib.max(1e-9),
             "pages_restored": total.ext_pages_restored,
             "pages_not_restored": total.ext_pages_not_restored,
             "restored_gib": restored_gib,
-            "ms_per_gib": ms / restored_gib.max(1e-9),
         });
     }
     result.details["cumulative"] = json!({
@@ -593,8 +597,9 @@ fn summarize(r: &BenchReport, lookups: u64) -> serde_json::Value {
         let restore = &c.details["restore"];
         s["restart"] = json!({
             "over_warm": ratio(c.seconds, b),
-            "restore_ms": restore["ms_from_process_start"],
-            "restore_ms_per_gib": restore["ms_per_gib"],
+            "restore_ms": restore["restore_ms"],
+            "restore_ms_per_gib": restore["restore_ms_per_gib"],
+            "settled_ms_from_process_start": restore["ms_from_process_start"],
             "pages_restored": restore["pages_restored"],
             "data_reads_per_lookup": c.counters.page_reads as f64 / lookups as f64,
         });
@@ -726,11 +731,12 @@ fn print_results(r: &BenchReport) {
     let w = &s["restart"];
     if let Some(v) = w["over_warm"].as_f64() {
         println!(
-            "{:<40} {v:>10.2}   (target: at most 1.2; restore: {} pages in {:.0} ms from process start, {:.0} ms per GiB; {:.3} data reads/lookup)",
+            "{:<40} {v:>10.2}   (target: at most 1.2; restore: {} pages in {:.1} ms, {:.1} ms per GiB, settled {:.0} ms after the process started; {:.3} data reads/lookup)",
             "restart / limited_memory_bpe",
             w["pages_restored"],
             w["restore_ms"].as_f64().unwrap_or(0.0),
             w["restore_ms_per_gib"].as_f64().unwrap_or(0.0),
+            w["settled_ms_from_process_start"].as_f64().unwrap_or(0.0),
             w["data_reads_per_lookup"].as_f64().unwrap_or(0.0),
         );
     }

@@ -84,6 +84,8 @@ pub struct Counters {
     pub ext_checkpoints: AtomicU64,
     pub ext_pages_restored: AtomicU64,
     pub ext_pages_not_restored: AtomicU64,
+    /// Restored pages read back into RAM because they were in the previous process's RAM.
+    pub ext_pages_prewarmed: AtomicU64,
     /// Read requests to the extension file and the microseconds they took, the request alone
     /// (the device and the syscall, as a QD1 reference measures them): what an L2 hit costs
     /// beyond them is the engine's.
@@ -105,6 +107,10 @@ pub struct Counters {
 impl Counters {
     pub fn bump(c: &AtomicU64) {
         c.fetch_add(1, Relaxed);
+    }
+
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Relaxed);
     }
 
     /// Folds one sample into a moving average (weight 1/16), lock-free and approximate.
@@ -180,6 +186,7 @@ pub struct CounterSnapshot {
     pub ext_checkpoints: u64,
     pub ext_pages_restored: u64,
     pub ext_pages_not_restored: u64,
+    pub ext_pages_prewarmed: u64,
     /// Open data files the file system would not let us read with O_DIRECT.
     pub buffered_data_files: u64,
     pub file_invalidations: u64,
@@ -232,6 +239,7 @@ impl CounterSnapshot {
             ext_checkpoints: l(&c.ext_checkpoints),
             ext_pages_restored: l(&c.ext_pages_restored),
             ext_pages_not_restored: l(&c.ext_pages_not_restored),
+            ext_pages_prewarmed: l(&c.ext_pages_prewarmed),
             buffered_data_files: g.buffered_data_files,
             file_invalidations: l(&c.file_invalidations),
             pages_forgotten: l(&c.pages_forgotten),
@@ -342,6 +350,11 @@ impl CounterSnapshot {
             r(
                 "Extension pages not restored",
                 self.ext_pages_not_restored,
+                Cumulative,
+            ),
+            r(
+                "Extension pages prewarmed",
+                self.ext_pages_prewarmed,
                 Cumulative,
             ),
             r("Memory used bytes", self.memory_bytes, Gauge),

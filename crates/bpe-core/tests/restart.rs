@@ -65,6 +65,18 @@ fn a_new_engine_serves_the_pages_a_closed_one_left_in_the_extension() {
         c.ext_pages_restored
     );
     assert_eq!(c.ext_pages_not_restored, 0);
+    // The pages that were in the first engine's RAM (the last ones it read) are read back into
+    // RAM: a read of them touches neither tier below.
+    assert!(engine.wait_for_readahead(WAIT));
+    let prewarmed = engine.counters().ext_pages_prewarmed;
+    assert!(prewarmed > 50, "{prewarmed} pages prewarmed");
+    let before = engine.counters();
+    for p in PAGES - 20..PAGES {
+        let (bytes, tier) = read(&engine, &f, p);
+        assert_eq!(decode(&bytes), Some((p, 0)), "page {p}");
+        assert_eq!(tier, Tier::Memory, "page {p} was not read back into RAM");
+    }
+    assert_eq!(engine.counters().ext_page_reads, before.ext_page_reads);
     let before = engine.counters();
     for p in 0..PAGES {
         let (bytes, _) = read(&engine, &f, p);

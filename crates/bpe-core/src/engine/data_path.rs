@@ -108,7 +108,8 @@ impl Engine {
         let started = Instant::now();
         let key = ticket.key;
         if let Some(ext) = self.current_extension() {
-            if ext.read(key, buf) {
+            // A miss while a restore runs waits for it and looks again (see `await_restore`).
+            if ext.read(key, buf) || (ext.await_restore(file.identity()) && ext.read(key, buf)) {
                 let frame = self.frame(file, key, buf, started, false);
                 if self.config.readahead && file.extension_readahead.on_miss(key.page) {
                     self.extension_readahead(file, &ext, key, buf.len());
@@ -273,7 +274,7 @@ impl Engine {
     }
 
     /// A frame for L1, its bytes still in `data` (the pool copies them into its slab).
-    fn frame<'a>(
+    pub(super) fn frame<'a>(
         &self,
         file: &FileHandle,
         key: PageKey,

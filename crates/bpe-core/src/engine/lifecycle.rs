@@ -213,7 +213,7 @@ impl Engine {
         });
         *self.extension.write() = None;
         self.extension_fd.store(-1, Relaxed);
-        ext.close(self.vouched_files());
+        ext.close(self.vouched_files(), &|keys| self.resident(keys));
         self.refresh_memory_target();
         self.enter(Phase::Disabled);
         Ok(())

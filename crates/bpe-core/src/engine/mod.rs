@@ -284,6 +284,13 @@ impl ExtensionHost for Host {
         }
     }
 
+    fn resident(&self, keys: &[PageKey]) -> Vec<bool> {
+        match self.0.upgrade() {
+            Some(engine) => engine.resident(keys),
+            None => vec![false; keys.len()],
+        }
+    }
+
     fn checkpoint_interval(&self) -> std::time::Duration {
         self.0
             .upgrade()
@@ -324,7 +331,7 @@ impl Drop for Engine {
     fn drop(&mut self) {
         let vouched = self.vouched_files();
         if let Some(ext) = self.extension.get_mut().take() {
-            ext.close(vouched);
+            ext.close(vouched, &|keys| self.resident(keys));
         }
     }
 }

@@ -140,6 +140,12 @@ impl Engine {
         }
     }
 
+    /// How long the extension's restore took (checkpoint read, files open then adopted), once
+    /// done; None without a restored extension.
+    pub fn extension_restore_time(&self) -> Option<std::time::Duration> {
+        self.current_extension().and_then(|e| e.restore_time())
+    }
+
     /// Waits until the extension has restored its checkpoint and run the adoptions asked for
     /// (tests and benchmarks); false on timeout.
     pub fn wait_for_extension_restore(&self, timeout: std::time::Duration) -> bool {

@@ -1,11 +1,18 @@
 //! What the engine does for a warm restart (see `extension/persist.rs`): it says which files'
-//! cached pages it can vouch for when the extension checkpoints, and hands each file that opens
-//! to the extension for adoption of the pages a previous process left.
+//! cached pages it can vouch for when the extension checkpoints (and which of them are in RAM),
+//! hands each file that opens to the extension for adoption of the pages a previous process
+//! left, and reads the ones that were in that process's RAM back into RAM (the prewarm), so that
+//! both tiers restart warm.
 
 use super::{Engine, Via};
-use crate::extension::{page_crc, Extension, Vouched};
+use crate::counters::Counters;
+use crate::extension::{page_crc, Extension, Location, Vouched};
 use crate::files::{FileHandle, OpenKind};
+use crate::page::PageKey;
+use crate::pool::LoadSource;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Instant;
 
 impl Engine {
     /// Files with a stamp their cached pages were verified against, and not within a clock tick
@@ -21,6 +28,11 @@ impl Engine {
             })
             .collect();
         Vouched { files }
+    }
+
+    /// Which of `keys` are in L1 now (no access recorded).
+    pub(crate) fn resident(&self, keys: &[PageKey]) -> Vec<bool> {
+        keys.iter().map(|&k| self.pool.contains(k)).collect()
     }
 
     /// A file was opened: if the extension has restored pages of it, adoption is queued for
@@ -54,26 +66,107 @@ impl Engine {
     /// Adoption proper, with every write to the file held off: a write in flight has reached
     /// the file (and its stamp) before the check, and one that starts after finds the adopted
     /// copies to invalidate.
-    fn adopt(&self, ext: &Extension, file: &FileHandle) {
+    fn adopt(&self, ext: &Arc<Extension>, file: &FileHandle) {
         if !ext.has_restored(file.identity()) {
             return;
         }
-        let _writes = file.writes_held_off();
-        let now = file.stamp_now().ok();
-        ext.adopt(file.key(), now, |len: usize| {
-            let mut buf = vec![0u8; len];
-            match self.device_read(file, Via(None), 0, &mut buf) {
-                Ok(n) if n == len => Some(page_crc(0, &buf)),
-                _ => None,
+        let hot = {
+            let _writes = file.writes_held_off();
+            let now = file.stamp_now().ok();
+            ext.adopt(file.key(), now, |len: usize| {
+                let mut buf = vec![0u8; len];
+                match self.device_read(file, Via(None), 0, &mut buf) {
+                    Ok(n) if n == len => Some(page_crc(0, &buf)),
+                    _ => None,
+                }
+            })
+        };
+        if hot.is_empty() {
+            return;
+        }
+        // Counted as a readahead job: `wait_for_readahead` (and the invariant checks) wait for it.
+        self.readahead_jobs.fetch_add(1, Relaxed);
+        let (engine, ext, file) = (self.me.clone(), ext.clone(), file.clone());
+        let spawned = crate::sync::spawn("bpe-prewarm", move || {
+            if let Some(engine) = engine.upgrade() {
+                engine.prewarm(&ext, &file, hot);
+                engine.readahead_jobs.fetch_sub(1, Relaxed);
             }
         });
+        if let Err(e) = spawned {
+            self.readahead_jobs.fetch_sub(1, Relaxed);
+            log::warn!("buffer pool extension: no prewarm thread: {e}");
+        }
+    }
+
+    /// Reads the adopted pages that were in the previous process's RAM (`hot`, newest region
+    /// first) back into RAM, as readahead does: one request per region's span, installed as
+    /// prefetched frames (their first read is not a re-reference), up to nine tenths of what
+    /// L1 has free, so that the queries running meanwhile keep room. Best effort: a page cached
+    /// or in flight already, of another size now, or whose copy fails its check, is skipped.
+    fn prewarm(&self, ext: &Extension, file: &FileHandle, hot: Vec<(PageKey, Location)>) {
+        let started = Instant::now();
+        let page_size = file.page_size();
+        let budget = (self.pool.target_bytes() / 10 * 9).saturating_sub(self.pool.used_bytes());
+        let region_of = |loc: &Location| loc.offset / crate::extension::REGION_BYTES;
+        let (mut spent, mut fetched) = (0u64, 0u64);
+        let mut rest = &hot[..];
+        while let Some((_, first)) = rest.first() {
+            let n = rest
+                .iter()
+                .take_while(|(_, l)| region_of(l) == region_of(first))
+                .count();
+            let (region, tail) = rest.split_at(n);
+            rest = tail;
+            if spent >= budget {
+                break;
+            }
+            let tickets: Vec<_> = region
+                .iter()
+                .filter(|(_, loc)| loc.len == page_size)
+                .filter_map(|&(key, loc)| self.pool.try_prefetch(key).map(|t| (t, loc)))
+                .collect();
+            let Some(lo) = tickets.iter().map(|(_, l)| l.offset).min() else {
+                continue;
+            };
+            let hi = tickets
+                .iter()
+                .map(|(_, l)| l.offset + l.len as u64)
+                .max()
+                .unwrap_or(lo);
+            let Some((block, skip)) = ext.read_span(lo, (hi - lo) as usize) else {
+                tickets.into_iter().for_each(|(t, _)| self.pool.abort(t));
+                break;
+            };
+            for (ticket, loc) in tickets {
+                let at = skip + (loc.offset - lo) as usize;
+                let bytes = &block[at..at + loc.len];
+                if ext.verified(ticket.key, loc, bytes) {
+                    let frame = self.frame(file, ticket.key, bytes, started, true);
+                    self.pool
+                        .finish_load(ticket, frame, LoadSource::Extension, self);
+                    fetched += 1;
+                    spent += loc.len as u64;
+                } else {
+                    self.pool.abort(ticket);
+                }
+            }
+        }
+        Counters::add(&self.counters.readahead_pages, fetched);
+        self.counters
+            .ext_pages_prewarmed
+            .fetch_add(fetched, Relaxed);
+        log::info!(
+            "buffer pool extension: {fetched} pages read back into RAM in {:?}",
+            started.elapsed()
+        );
     }
 
     /// At process exit: a last checkpoint, and the file stays for the next process. Skipped if
     /// an operator action holds the extension at that moment.
     pub fn close_extension_at_exit(&self) {
         if let Some(ext) = self.extension.try_read().and_then(|e| e.clone()) {
-            ext.close(self.vouched_files());
+            ext.close(self.vouched_files(), &|keys| self.resident(keys));
         }
     }
 }

@@ -6,7 +6,7 @@
 //!
 //! A checkpoint is the index as it stood at one moment: the data files whose cached pages it
 //! vouches for (identity and stamp: size, mtime and ctime to the nanosecond), and where each of
-//! their pages sits in the ring with its checksum. Checkpoints alternate between the two slots
+//! their pages sits in the ring with its checksum, and whether it was in RAM too (hot). Checkpoints alternate between the two slots
 //! (generation even: slot 0), each written whole with one O_DIRECT write; a slot whose header or
 //! payload checksum fails, or whose geometry is not the file's, is not a checkpoint. The newest
 //! valid slot wins, so a write torn by a crash leaves the previous one in force.
@@ -75,6 +75,8 @@ pub struct SavedEntry {
     /// Offset within the region, in UNITs.
     pub unit: u16,
     pub size_log2: u8,
+    /// The page was also in RAM when the checkpoint was taken (the hot set).
+    pub hot: bool,
 }
 
 impl SavedEntry {
@@ -136,7 +138,7 @@ impl Checkpoint {
             put(p, at, &e.page.to_le_bytes());
             put(p, at + 4, &e.crc.to_le_bytes());
             put(p, at + 8, &e.region.to_le_bytes());
-            let place = e.unit | ((e.size_log2 as u16 - 9) << 11);
+            let place = e.unit | ((e.size_log2 as u16 - 9) << 11) | ((e.hot as u16) << 15);
             put(p, at + 12, &place.to_le_bytes());
             put(p, at + 14, &e.file.to_le_bytes());
             at += ENTRY_BYTES;
@@ -219,7 +221,8 @@ impl Checkpoint {
                 crc: u32_at(b, 4),
                 region: u32_at(b, 8),
                 unit: place & 0x7ff,
-                size_log2: (place >> 11) as u8 + 9,
+                size_log2: ((place >> 11) & 7) as u8 + 9,
+                hot: place >> 15 == 1,
                 file: u16_at(b, 14),
             };
             let fits = e.size_log2 <= 16
@@ -267,6 +270,7 @@ mod tests {
                     region: 1,
                     unit: 8,
                     size_log2: 12,
+                    hot: true,
                 },
                 SavedEntry {
                     file: 1,
@@ -275,6 +279,7 @@ mod tests {
                     region: 3,
                     unit: 1023,
                     size_log2: 9,
+                    hot: false,
                 },
                 SavedEntry {
                     file: 1,
@@ -283,6 +288,7 @@ mod tests {
                     region: 0,
                     unit: 896,
                     size_log2: 16,
+                    hot: true,
                 },
             ],
         }

@@ -58,6 +58,9 @@ pub trait ExtensionHost: Send + Sync {
     fn adopt_open_files(&self, ext: &Arc<Extension>);
     /// How often to checkpoint the index while it changes.
     fn checkpoint_interval(&self) -> std::time::Duration;
+    /// Which of `keys` are resident in RAM now (a checkpoint marks them, and the next process
+    /// reads them back into RAM first).
+    fn resident(&self, keys: &[PageKey]) -> Vec<bool>;
 }
 
 /// The data files a checkpoint may record: each one's key and the stamp its cached pages were
@@ -157,6 +160,11 @@ pub struct Extension {
     chores_pending: AtomicUsize,
     /// Set once the writer has restored the file's checkpoint (at once for a new file).
     restore_done: AtomicBool,
+    /// Microseconds the restore took: the checkpoint read and listed, the open files adopted.
+    restore_micros: AtomicU64,
+    /// Files whose restored pages wait for adoption (`Tables::restored`), readable without a
+    /// lock: the miss path looks at it (see `Extension::await_restore`).
+    waiting_files: AtomicUsize,
 }
 
 /// Index bytes an extension of `size` bytes starts with (sized for 4 KiB pages).
@@ -214,6 +222,8 @@ impl Extension {
             chores: Mutex::new(Rank::Leaf, Vec::new()),
             chores_pending: AtomicUsize::new(0),
             restore_done: AtomicBool::new(!reused),
+            restore_micros: AtomicU64::new(0),
+            waiting_files: AtomicUsize::new(0),
         });
         writer::spawn(ext.clone(), rx, ext.writer_done.clone(), reused);
         Ok(ext)
@@ -233,6 +243,13 @@ impl Extension {
             chore();
             self.chores_pending.fetch_sub(1, Relaxed);
         }
+    }
+
+    /// How long the restore took (the checkpoint read and listed, the files open then adopted),
+    /// once it is done; None for a new file or before.
+    pub fn restore_time(&self) -> Option<std::time::Duration> {
+        let us = self.restore_micros.load(Relaxed);
+        (self.restore_done.load(Relaxed) && us > 0).then(|| std::time::Duration::from_micros(us))
     }
 
     /// True once the checkpoint is restored and every adoption asked for has run.
@@ -380,6 +397,37 @@ impl Extension {
         }
     }
 
+    /// Reads `len` bytes of the ring at `offset` in one request (for the restart's prewarm);
+    /// returns the block and where the bytes start in it. The caller checks every page in it
+    /// with [`Extension::verified`].
+    pub fn read_span(&self, offset: u64, len: usize) -> Option<(Scratch, usize)> {
+        if self.failed.load(Relaxed) {
+            return None;
+        }
+        let (start, skip, total) = aligned_span(offset, len);
+        let mut block = Scratch::new(total);
+        match self.read_request(start, &mut block[..total]) {
+            Ok(()) => Some((block, skip)),
+            Err(e) => {
+                Counters::bump(&self.counters.ext_io_errors);
+                log::warn!("buffer pool extension: prewarm read failed: {e}");
+                None
+            }
+        }
+    }
+
+    /// Whether `bytes` are the copy of `key` the index places at `loc` (still indexed so, and
+    /// matching its checksum); counted as a page read if so.
+    pub fn verified(&self, key: PageKey, loc: Location, bytes: &[u8]) -> bool {
+        let ok = bytes.len() == loc.len
+            && page_crc(key.page, bytes) == loc.crc
+            && self.tables.read().index.lookup(key) == Some(loc);
+        if ok {
+            Counters::bump(&self.counters.ext_page_reads);
+        }
+        ok
+    }
+
     /// One read request to the file, counted as outstanding while it runs and timed.
     fn read_request(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
         let c = &self.counters;
@@ -505,6 +553,7 @@ impl Extension {
         t.index.remove_where(hit);
         if file.is_none() {
             t.restored.clear();
+            self.waiting_files.store(0, Relaxed);
         }
         self.index_changed.store(true, Relaxed);
     }
@@ -525,15 +574,15 @@ impl Extension {
         self.file.file().remove();
     }
 
-    /// Stops the writer, writes a last checkpoint of the `vouched` files' pages (see
-    /// [`Extension::checkpoint_files`]) and keeps the file, for the next process to start warm
+    /// Stops the writer, writes a last checkpoint of the `vouched` files' pages, those in RAM
+    /// marked (see [`Extension::checkpoint_files`]), and keeps the file, for the next process to start warm
     /// from (the engine closes; the process exits).
-    pub fn close(&self, vouched: Vouched) {
+    pub fn close(&self, vouched: Vouched, resident: persist::Resident<'_>) {
         if !self.stop_writer() {
             return; // a writer still running could overwrite what the next process restores
         }
         if !self.failed.load(Relaxed) {
-            self.checkpoint_files(vouched);
+            self.checkpoint_files(vouched, resident);
         }
         // Done with the file: the next owner may take it over at once, even while a reader in
         // flight still holds this extension (its reads verify, and miss, like any other).

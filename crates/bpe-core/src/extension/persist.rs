@@ -18,7 +18,7 @@
 //!   else drops the file's pages. Every page is still read back against its checksum.
 
 use super::checkpoint::{self, Checkpoint, SavedEntry, SavedFile, MAX_FILES};
-use super::{Extension, REGION_BYTES};
+use super::{Extension, Location, REGION_BYTES};
 use crate::counters::Counters;
 use crate::io::{FileIdentity, FileStamp};
 use crate::page::{FileKey, PageKey};
@@ -49,6 +49,10 @@ impl Restored {
         self.entries as u64 * RESTORED_ENTRY_BYTES
     }
 
+    pub(super) fn files_waiting(&self) -> usize {
+        self.files.len()
+    }
+
     /// The writer is about to overwrite `region`.
     pub(super) fn overwrite(&mut self, region: usize) {
         if let Some(o) = self.overwritten.get_mut(region) {
@@ -71,6 +75,9 @@ impl Restored {
     }
 }
 
+/// Which of some pages are in RAM now (see `ExtensionHost::resident`).
+pub type Resident<'a> = &'a dyn Fn(&[PageKey]) -> Vec<bool>;
+
 /// What the first page of a file reads as now, for adoption: its checksum by length.
 pub trait FirstPage {
     /// `page_crc(0, bytes)` of the file's first `len` bytes, or None if they cannot be read.
@@ -91,20 +98,21 @@ impl Extension {
         if self.index_changed.load(Relaxed)
             || vouched.fingerprint() != self.checkpointed_files.load(Relaxed)
         {
-            self.checkpoint_files(vouched);
+            self.checkpoint_files(vouched, &|keys| self.host.resident(keys));
         }
     }
 
     /// Writes the index to the next checkpoint slot, for the `vouched` files (key, stamp), read
-    /// stamp first, then key, before this call: see the module doc. Errors only cost warmth at
-    /// the next start.
-    pub fn checkpoint_files(&self, vouched: super::Vouched) {
+    /// stamp first, then key, before this call (see the module doc), marking the pages
+    /// `resident` says are in RAM. Errors only cost warmth at the next start.
+    pub fn checkpoint_files(&self, vouched: super::Vouched, resident: Resident<'_>) {
         let mut generation = self.checkpoint_generation.lock();
         self.index_changed.store(false, Relaxed);
         let started = Instant::now();
         let mut files: Vec<SavedFile> = Vec::new();
         let mut by_key: HashMap<FileKey, u16> = HashMap::new();
         let mut entries = Vec::new();
+        let mut keys = Vec::new();
         let capacity = checkpoint::entry_capacity(self.regions);
         let current = self.writer_region.load(Relaxed);
         {
@@ -126,6 +134,7 @@ impl Extension {
                     if entries.len() == capacity {
                         break 'regions;
                     }
+                    keys.push(key);
                     entries.push(SavedEntry {
                         file,
                         page: key.page as u32,
@@ -133,6 +142,7 @@ impl Extension {
                         region: region as u32,
                         unit: ((loc.offset % REGION_BYTES) / super::UNIT as u64) as u16,
                         size_log2: loc.len.trailing_zeros() as u8,
+                        hot: false,
                     });
                 }
             }
@@ -152,6 +162,11 @@ impl Extension {
                         .map(|e| SavedEntry { file, ..*e }),
                 );
             }
+        }
+        // The hot set: which of this process's pages are in RAM too (asked without the index
+        // lock; a page that came or went meanwhile only makes the next start a little less warm).
+        for (e, in_ram) in entries.iter_mut().zip(resident(&keys)) {
+            e.hot = in_ram;
         }
         let c = Checkpoint {
             generation: *generation,
@@ -233,7 +248,9 @@ impl Extension {
             log::warn!("buffer pool extension: no memory to restore the checkpoint's index");
             return c.next_region;
         }
+        let waiting = restored.files.len();
         self.tables.write().restored = restored;
+        self.waiting_files.store(waiting, Relaxed);
         log::info!(
             "buffer pool extension {}: checkpoint {} lists {} pages of {} files (read in {:?})",
             self.path().display(),
@@ -259,6 +276,26 @@ impl Extension {
         Checkpoint::decode(&whole, self.regions)
     }
 
+    /// Before a miss of `file` goes to the data file: while the restore runs, or while this
+    /// file's pages wait for adoption, waits for them (up to a second), and says whether it
+    /// waited (then the page is worth looking up again): a restored copy here is worth more than
+    /// a read of the slow device, and the restore takes tens of milliseconds per GiB. Once
+    /// nothing waits, this is two atomic loads.
+    pub fn await_restore(&self, file: FileIdentity) -> bool {
+        let pending = || {
+            !self.restore_done.load(Relaxed)
+                || (self.waiting_files.load(Relaxed) > 0 && self.has_restored(file))
+        };
+        if !pending() {
+            return false;
+        }
+        let deadline = Instant::now() + std::time::Duration::from_secs(1);
+        while pending() && Instant::now() < deadline && !self.stopping.load(Relaxed) {
+            crate::sync::pause();
+        }
+        true
+    }
+
     /// Whether the last checkpoint lists pages of this file that are still waiting.
     pub fn has_restored(&self, file: FileIdentity) -> bool {
         self.tables.read().restored.files.contains_key(&file)
@@ -267,16 +304,23 @@ impl Extension {
     /// Indexes the checkpoint's pages of a file under `key` if the file is provably unchanged:
     /// `now` (its stamp now) equals the recorded one, and its first page matches the copy's
     /// checksum. The caller holds off every write to the file, and runs on the writer's thread
-    /// (see `Extension::request_adoption`). Returns the pages indexed.
+    /// (see `Extension::request_adoption`). Returns the adopted pages that were in the previous
+    /// process's RAM (to read back into RAM), newest region first.
     pub fn adopt(
         &self,
         key: FileKey,
         now: Option<FileStamp>,
         mut first_page: impl FirstPage,
-    ) -> usize {
-        let Some(now) = now else { return 0 };
-        let Some(rec) = self.tables.write().restored.take(now.identity) else {
-            return 0;
+    ) -> Vec<(PageKey, Location)> {
+        let Some(now) = now else { return Vec::new() };
+        let rec = {
+            let mut t = self.tables.write();
+            let rec = t.restored.take(now.identity);
+            self.waiting_files.store(t.restored.files.len(), Relaxed);
+            rec
+        };
+        let Some(rec) = rec else {
+            return Vec::new();
         };
         let refuse = |why: &str| {
             self.counters
@@ -287,7 +331,7 @@ impl Extension {
                 rec.entries.len(),
                 now.identity.ino
             );
-            0
+            Vec::new()
         };
         if rec.stamp != now {
             return refuse("the file changed while no bpe process had it open");
@@ -322,6 +366,7 @@ impl Extension {
         let tables = &mut *t;
         tables.index.prepare_many(&per_region);
         let mut adopted = 0;
+        let mut hot = Vec::new();
         for e in &rec.entries {
             let page = PageKey::new(key, e.page as u64);
             if !tables.restored.live(e)
@@ -339,13 +384,16 @@ impl Extension {
                 e.crc,
             );
             adopted += 1;
+            if e.hot {
+                hot.push((page, tables.index.lookup(page).expect("just indexed")));
+            }
         }
         drop(t);
         self.index_changed.store(true, Relaxed);
         self.counters
             .ext_pages_restored
             .fetch_add(adopted as u64, Relaxed);
-        adopted
+        hot
     }
 
     /// Charges `more` bytes of index memory on top of what the index and the waiting list take.

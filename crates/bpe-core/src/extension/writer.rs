@@ -35,10 +35,19 @@ pub(super) fn spawn(ext: Arc<Extension>, rx: Receiver<ToWriter>, done: Arc<Latch
         let mut writer = Writer::new(ext);
         if restore {
             let ext = writer.ext.clone();
+            let started = Instant::now();
             writer.region = ext.restore();
             ext.writer_region.store(writer.region, Relaxed);
             ext.host.adopt_open_files(&ext);
+            let took = started.elapsed();
+            ext.restore_micros
+                .store(took.as_micros().max(1) as u64, Relaxed);
             ext.restore_done.store(true, Relaxed);
+            log::info!(
+                "buffer pool extension {}: restored in {took:?}, {} pages adopted so far",
+                ext.path().display(),
+                ext.counters.ext_pages_restored.load(Relaxed)
+            );
         }
         // Consumes the writer: its hold on the extension ends before `done` says it stopped.
         writer.run(rx);
@@ -208,6 +217,7 @@ impl Writer {
         let evicted = {
             let mut t = ext.tables.write();
             t.restored.overwrite(self.region);
+            ext.waiting_files.store(t.restored.files_waiting(), Relaxed);
             t.index.clear_region(self.region)
         };
         if evicted > 0 {

@@ -113,6 +113,11 @@ impl BufferPool {
         Lookup::Load(Ticket { key, pending })
     }
 
+    /// Whether the page is resident (no access is recorded: for checkpoints).
+    pub fn contains(&self, key: PageKey) -> bool {
+        self.shard(&key).read().frames.contains_key(&key)
+    }
+
     /// A loader ticket for readahead: only for pages neither cached nor in flight.
     pub fn try_prefetch(&self, key: PageKey) -> Option<Ticket> {
         let mut shard = self.shard(&key).write();
