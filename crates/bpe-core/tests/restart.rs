@@ -36,6 +36,8 @@ fn fill_and_close(data: &Path, ext: &Path) {
         assert_eq!(decode(&bytes), Some((p, 0)));
     }
     assert!(engine.wait_for_extension_writes(WAIT));
+    // A readahead job holds the engine while it runs: the engine is gone at `drop` only after.
+    assert!(engine.wait_for_readahead(WAIT));
     drop(f);
     drop(engine);
     assert!(ext.exists(), "a closed engine removed its extension file");

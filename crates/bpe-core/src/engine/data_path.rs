@@ -204,6 +204,13 @@ impl Engine {
         };
         let pages = (got / page_size) as u64;
         file.readahead.fetched_until(first + pages);
+        if pages > 0 {
+            // Reading this window will fetch the next one in the background. Marked before
+            // the pages are installed: a reader waiting for one of them reads it the moment
+            // it is installed, and a mark set after that would miss its trigger, ending the
+            // chain (the scan falls back to reading window by window in the foreground).
+            file.readahead.mark_window(first);
+        }
         let ahead = ReadAhead {
             chunk,
             skip: 0,
@@ -211,10 +218,7 @@ impl Engine {
             tickets,
             started,
         };
-        if self.install_read_ahead(file, ahead) > 0 {
-            // Reading this window will fetch the next one in the background.
-            file.readahead.mark_window(first);
-        }
+        self.install_read_ahead(file, ahead);
     }
 
     /// On a sequential run of L2 hits, loads the pages after `key` that L2 holds in the slots
@@ -253,23 +257,21 @@ impl Engine {
         let keys: Vec<PageKey> = tickets.iter().map(|t| t.key).collect();
         let run = ext.read_run(key, &keys, page_size);
         let verified = run.as_ref().map_or(0, |r| r.len);
-        let mut fetched = 0;
+        file.extension_readahead
+            .fetched_until(key.page + 1 + verified as u64);
+        if verified > 0 {
+            // Marked before the pages are installed, as in `fetch_data_window`.
+            file.extension_readahead.mark_window(key.page + 1);
+        }
         for (i, ticket) in tickets.into_iter().enumerate() {
             match run.as_ref().filter(|_| i < verified) {
                 Some(run) => {
                     let frame = self.frame(file, ticket.key, run.page(i), started, true);
                     self.pool
                         .finish_load(ticket, frame, LoadSource::Extension, self);
-                    fetched += 1;
                 }
                 None => self.pool.abort(ticket),
             }
-        }
-        file.extension_readahead
-            .fetched_until(key.page + 1 + fetched);
-        if fetched > 0 {
-            // Reading this window will fetch the next one in the background.
-            file.extension_readahead.mark_window(key.page + 1);
         }
     }
 

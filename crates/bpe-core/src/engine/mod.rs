@@ -65,7 +65,9 @@ pub struct Engine {
     /// The background readahead thread's queue, once a scan started it (see `prefetch.rs`).
     prefetcher: Mutex<Option<crate::sync::channel::Sender<prefetch::Job>>>,
     /// Background readahead jobs queued or running.
-    readahead_jobs: AtomicUsize,
+    /// Shared with the threads that run the jobs, which count theirs done only after letting
+    /// go of the engine: once this reads 0, no job keeps the engine alive.
+    readahead_jobs: Arc<AtomicUsize>,
     me: Weak<Engine>,
 }
 
@@ -88,7 +90,7 @@ impl Engine {
             tracing: AtomicBool::new(false),
             trace: Mutex::new(Rank::Leaf, Vec::new()),
             prefetcher: Mutex::new(Rank::Leaf, None),
-            readahead_jobs: AtomicUsize::new(0),
+            readahead_jobs: Arc::new(AtomicUsize::new(0)),
             me: me.clone(),
             config,
         })

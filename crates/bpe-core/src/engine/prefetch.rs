@@ -137,6 +137,7 @@ fn run(engine: Weak<Engine>, jobs: Receiver<Job>) {
         let Some(engine) = engine.upgrade() else {
             return;
         };
+        let jobs_left = engine.readahead_jobs.clone();
         match (job.window, engine.current_extension()) {
             (Window::Extension(tickets), Some(ext)) => {
                 engine.fetch_run(&job.file, &ext, job.after, tickets, job.queued)
@@ -146,6 +147,7 @@ fn run(engine: Weak<Engine>, jobs: Receiver<Job>) {
             }
             (window, None) => window.abort(&engine),
         }
-        engine.readahead_jobs.fetch_sub(1, Relaxed);
+        drop((engine, job.file));
+        jobs_left.fetch_sub(1, Relaxed);
     }
 }

@@ -14,6 +14,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The largest prewarm request. Smaller than a ring region so that the lookups running beside
+/// prewarm do not queue behind half a megabyte each on the device.
+const PREWARM_SPAN_BYTES: u64 = 128 * 1024;
+
 impl Engine {
     /// Files with a stamp their cached pages were verified against, and not within a clock tick
     /// of a change (a coarse timestamp could not tell a later write in the same tick): (key,
@@ -89,8 +93,10 @@ impl Engine {
         let (engine, ext, file) = (self.me.clone(), ext.clone(), file.clone());
         let spawned = crate::sync::spawn("bpe-prewarm", move || {
             if let Some(engine) = engine.upgrade() {
+                let jobs_left = engine.readahead_jobs.clone();
                 engine.prewarm(&ext, &file, hot);
-                engine.readahead_jobs.fetch_sub(1, Relaxed);
+                drop((engine, ext, file));
+                jobs_left.fetch_sub(1, Relaxed);
             }
         });
         if let Err(e) = spawned {
@@ -100,7 +106,7 @@ impl Engine {
     }
 
     /// Reads the adopted pages that were in the previous process's RAM (`hot`, newest region
-    /// first) back into RAM, as readahead does: one request per region's span, installed as
+    /// first) back into RAM, as readahead does: one request per 128 KiB window of a region, installed as
     /// prefetched frames (their first read is not a re-reference), up to nine tenths of what
     /// L1 has free, so that the queries running meanwhile keep room. Best effort: a page cached
     /// or in flight already, of another size now, or whose copy fails its check, is skipped.
@@ -118,16 +124,54 @@ impl Engine {
                 .count();
             let (region, tail) = rest.split_at(n);
             rest = tail;
+            let mut region = region.to_vec();
+            region.sort_unstable_by_key(|(_, loc)| loc.offset);
+            for chunk in region.chunk_by(|(_, a), (_, b)| {
+                b.offset / PREWARM_SPAN_BYTES == a.offset / PREWARM_SPAN_BYTES
+            }) {
+                if spent >= budget {
+                    break;
+                }
+                let Some(got) = self.prewarm_span(ext, file, chunk, page_size, started) else {
+                    break;
+                };
+                fetched += got.0;
+                spent += got.1;
+            }
             if spent >= budget {
                 break;
             }
-            let tickets: Vec<_> = region
+        }
+        Counters::add(&self.counters.readahead_pages, fetched);
+        self.counters
+            .ext_pages_prewarmed
+            .fetch_add(fetched, Relaxed);
+        log::info!(
+            "buffer pool extension: {fetched} pages read back into RAM in {:?}",
+            started.elapsed()
+        );
+    }
+
+    /// One prewarm request: the pages of `span` (one aligned window of the ring) not yet in
+    /// RAM, read with one request and installed. Returns (pages, bytes) installed, or None
+    /// when the extension cannot be read (prewarm stops).
+    fn prewarm_span(
+        &self,
+        ext: &Extension,
+        file: &FileHandle,
+        span: &[(PageKey, Location)],
+        page_size: usize,
+        started: Instant,
+    ) -> Option<(u64, u64)> {
+        let (mut fetched, mut spent) = (0u64, 0u64);
+        {
+            let tickets: Vec<_> = span
                 .iter()
                 .filter(|(_, loc)| loc.len == page_size)
                 .filter_map(|&(key, loc)| self.pool.try_prefetch(key).map(|t| (t, loc)))
                 .collect();
             let Some(lo) = tickets.iter().map(|(_, l)| l.offset).min() else {
-                continue;
+                return Some((0, 0));
             };
             let hi = tickets
                 .iter()
@@ -136,7 +180,7 @@ impl Engine {
                 .unwrap_or(lo);
             let Some((block, skip)) = ext.read_span(lo, (hi - lo) as usize) else {
                 tickets.into_iter().for_each(|(t, _)| self.pool.abort(t));
-                break;
+                return None;
             };
             for (ticket, loc) in tickets {
                 let at = skip + (loc.offset - lo) as usize;
@@ -152,14 +196,7 @@ impl Engine {
                 }
             }
         }
-        Counters::add(&self.counters.readahead_pages, fetched);
-        self.counters
-            .ext_pages_prewarmed
-            .fetch_add(fetched, Relaxed);
-        log::info!(
-            "buffer pool extension: {fetched} pages read back into RAM in {:?}",
-            started.elapsed()
-        );
+        Some((fetched, spent))
     }
 
     /// At process exit: a last checkpoint, and the file stays for the next process. Skipped if
