@@ -11,12 +11,71 @@ use crate::files::{FileHandle, OpenKind};
 use crate::page::PageKey;
 use crate::pool::LoadSource;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Instant;
 
 /// The largest prewarm request. Smaller than a ring region so that the lookups running beside
 /// prewarm do not queue behind half a megabyte each on the device.
 const PREWARM_SPAN_BYTES: u64 = 128 * 1024;
+
+/// Prewarm requests in flight at once, one thread each: an SSD serves a few requests in parallel,
+/// and the restarted process's queries run on an L1 that is still filling until prewarm is done.
+const PREWARM_THREADS: usize = 2;
+
+/// What the previous process had in RAM, to read back: the adopted pages that were hot,
+/// cut into requests of at most one aligned window each, newest region first, taken by the
+/// prewarm threads in that order; and the L1 room they may fill.
+struct PrewarmPlan {
+    spans: Vec<Vec<(PageKey, Location)>>,
+    next: AtomicUsize,
+    budget_left: AtomicU64,
+    started: Instant,
+}
+
+impl PrewarmPlan {
+    /// Cuts `hot` (newest region first) into windows, each in ring order.
+    fn new(hot: Vec<(PageKey, Location)>, budget: u64) -> PrewarmPlan {
+        let region_of = |loc: &Location| loc.offset / crate::extension::REGION_BYTES;
+        let mut spans = Vec::new();
+        for region in hot.chunk_by(|(_, a), (_, b)| region_of(a) == region_of(b)) {
+            let mut region = region.to_vec();
+            region.sort_unstable_by_key(|(_, loc)| loc.offset);
+            spans.extend(
+                region
+                    .chunk_by(|(_, a), (_, b)| {
+                        a.offset / PREWARM_SPAN_BYTES == b.offset / PREWARM_SPAN_BYTES
+                    })
+                    .map(<[_]>::to_vec),
+            );
+        }
+        PrewarmPlan {
+            spans,
+            next: AtomicUsize::new(0),
+            budget_left: AtomicU64::new(budget),
+            started: Instant::now(),
+        }
+    }
+
+    fn next_span(&self) -> Option<&[(PageKey, Location)]> {
+        if self.budget_left.load(Relaxed) == 0 {
+            return None;
+        }
+        self.spans
+            .get(self.next.fetch_add(1, Relaxed))
+            .map(Vec::as_slice)
+    }
+
+    fn spend(&self, bytes: u64) {
+        let _ = self
+            .budget_left
+            .fetch_update(Relaxed, Relaxed, |left| Some(left.saturating_sub(bytes)));
+    }
+
+    fn stop(&self) {
+        self.budget_left.store(0, Relaxed);
+    }
+}
 
 impl Engine {
     /// Files with a stamp their cached pages were verified against, and not within a clock tick
@@ -88,67 +147,51 @@ impl Engine {
         if hot.is_empty() {
             return;
         }
-        // Counted as a readahead job: `wait_for_readahead` (and the invariant checks) wait for it.
-        self.readahead_jobs.fetch_add(1, Relaxed);
-        let (engine, ext, file) = (self.me.clone(), ext.clone(), file.clone());
-        let spawned = crate::sync::spawn("bpe-prewarm", move || {
-            if let Some(engine) = engine.upgrade() {
-                let jobs_left = engine.readahead_jobs.clone();
-                engine.prewarm(&ext, &file, hot);
-                drop((engine, ext, file));
-                jobs_left.fetch_sub(1, Relaxed);
+        let budget = (self.pool.target_bytes() / 10 * 9).saturating_sub(self.pool.used_bytes());
+        let plan = Arc::new(PrewarmPlan::new(hot, budget));
+        for _ in 0..PREWARM_THREADS {
+            // Counted as a readahead job: `wait_for_readahead` (and the invariant checks) wait
+            // for it.
+            self.readahead_jobs.fetch_add(1, Relaxed);
+            let (engine, ext, file, plan) =
+                (self.me.clone(), ext.clone(), file.clone(), plan.clone());
+            let spawned = crate::sync::spawn("bpe-prewarm", move || {
+                if let Some(engine) = engine.upgrade() {
+                    let jobs_left = engine.readahead_jobs.clone();
+                    engine.prewarm(&ext, &file, &plan);
+                    drop((engine, ext, file, plan));
+                    jobs_left.fetch_sub(1, Relaxed);
+                }
+            });
+            if let Err(e) = spawned {
+                self.readahead_jobs.fetch_sub(1, Relaxed);
+                log::warn!("buffer pool extension: no prewarm thread: {e}");
             }
-        });
-        if let Err(e) = spawned {
-            self.readahead_jobs.fetch_sub(1, Relaxed);
-            log::warn!("buffer pool extension: no prewarm thread: {e}");
         }
     }
 
-    /// Reads the adopted pages that were in the previous process's RAM (`hot`, newest region
-    /// first) back into RAM, as readahead does: one request per 128 KiB window of a region, installed as
-    /// prefetched frames (their first read is not a re-reference), up to nine tenths of what
-    /// L1 has free, so that the queries running meanwhile keep room. Best effort: a page cached
-    /// or in flight already, of another size now, or whose copy fails its check, is skipped.
-    fn prewarm(&self, ext: &Extension, file: &FileHandle, hot: Vec<(PageKey, Location)>) {
-        let started = Instant::now();
+    /// One prewarm thread: takes the plan's next window until none is left, the budget is
+    /// spent or the extension cannot be read. Best effort: a page cached or in flight already,
+    /// of another size now, or whose copy fails its check, is skipped.
+    fn prewarm(&self, ext: &Extension, file: &FileHandle, plan: &PrewarmPlan) {
         let page_size = file.page_size();
-        let budget = (self.pool.target_bytes() / 10 * 9).saturating_sub(self.pool.used_bytes());
-        let region_of = |loc: &Location| loc.offset / crate::extension::REGION_BYTES;
-        let (mut spent, mut fetched) = (0u64, 0u64);
-        let mut rest = &hot[..];
-        while let Some((_, first)) = rest.first() {
-            let n = rest
-                .iter()
-                .take_while(|(_, l)| region_of(l) == region_of(first))
-                .count();
-            let (region, tail) = rest.split_at(n);
-            rest = tail;
-            let mut region = region.to_vec();
-            region.sort_unstable_by_key(|(_, loc)| loc.offset);
-            for chunk in region.chunk_by(|(_, a), (_, b)| {
-                b.offset / PREWARM_SPAN_BYTES == a.offset / PREWARM_SPAN_BYTES
-            }) {
-                if spent >= budget {
-                    break;
-                }
-                let Some(got) = self.prewarm_span(ext, file, chunk, page_size, started) else {
-                    break;
-                };
-                fetched += got.0;
-                spent += got.1;
-            }
-            if spent >= budget {
+        let mut fetched = 0;
+        while let Some(span) = plan.next_span() {
+            let Some((pages, bytes)) = self.prewarm_span(ext, file, span, page_size, plan.started)
+            else {
+                plan.stop();
                 break;
-            }
+            };
+            fetched += pages;
+            plan.spend(bytes);
         }
         Counters::add(&self.counters.readahead_pages, fetched);
         self.counters
             .ext_pages_prewarmed
             .fetch_add(fetched, Relaxed);
         log::info!(
-            "buffer pool extension: {fetched} pages read back into RAM in {:?}",
-            started.elapsed()
+            "buffer pool extension: {fetched} pages read back into RAM by one prewarm thread in {:?}",
+            plan.started.elapsed()
         );
     }
 

@@ -39,10 +39,16 @@ pub(super) struct Restored {
     /// Regions the writer entered since the restore: what the checkpoint says of them is void.
     overwritten: Vec<bool>,
     entries: usize,
+    /// The file being adopted (its entries taken from `files`, not all indexed yet): a miss of
+    /// it still waits (see `await_restore`).
+    adopting: Option<FileIdentity>,
 }
 
 /// Bytes of RAM one waiting entry takes (charged like the index).
 const RESTORED_ENTRY_BYTES: u64 = std::mem::size_of::<SavedEntry>() as u64;
+
+/// Entries indexed per hold of the tables' lock during an adoption (~1 ms of work).
+const ADOPT_CHUNK: usize = 4096;
 
 impl Restored {
     pub(super) fn bytes(&self) -> u64 {
@@ -199,19 +205,22 @@ impl Extension {
     /// the writer goes on from. Run by the writer before it writes anything.
     pub(super) fn restore(&self) -> usize {
         let started = Instant::now();
-        let mut newest: Option<Checkpoint> = None;
-        let mut highest = None;
+        // Headers first: only the newest slot's payload is read and decoded, the other one
+        // only if the newest fails its checks (a torn last checkpoint).
+        let mut heads: Vec<(u64, u64, usize)> = Vec::new();
         for slot in 0..2u64 {
-            match self.read_slot(slot) {
-                Ok(c) => {
-                    highest = highest.max(Some(c.generation));
-                    if newest.as_ref().is_none_or(|n| n.generation < c.generation) {
-                        newest = Some(c);
-                    }
-                }
+            match self.read_slot_header(slot) {
+                Ok((generation, payload)) => heads.push((generation, slot, payload)),
                 Err(why) => log::debug!("checkpoint slot {slot}: {why}"),
             }
         }
+        heads.sort_unstable_by_key(|h| std::cmp::Reverse(h.0));
+        let highest = heads.first().map(|h| h.0);
+        let newest = heads.iter().find_map(|&(_, slot, payload)| {
+            self.read_slot(slot, payload)
+                .map_err(|why| log::debug!("checkpoint slot {slot}: {why}"))
+                .ok()
+        });
         let Some(c) = newest else {
             log::info!(
                 "buffer pool extension {}: no usable checkpoint, starting cold",
@@ -220,25 +229,28 @@ impl Extension {
             return 0;
         };
         *self.checkpoint_generation.lock() = highest.unwrap_or(0) + 1;
-        let mut files: HashMap<FileIdentity, RestoredFile> = c
+        // Grouped by the checkpoint's file index (no hashing per entry).
+        let mut per_file: Vec<Vec<SavedEntry>> = vec![Vec::new(); c.files.len()];
+        for e in &c.entries {
+            per_file[e.file as usize].push(*e);
+        }
+        let files: HashMap<FileIdentity, RestoredFile> = c
             .files
             .iter()
-            .map(|f| {
+            .zip(per_file)
+            .map(|(f, entries)| {
                 let r = RestoredFile {
                     stamp: f.stamp,
-                    entries: Vec::new(),
+                    entries,
                 };
                 (f.stamp.identity, r)
             })
             .collect();
-        for e in &c.entries {
-            let id = c.files[e.file as usize].stamp.identity;
-            files.get_mut(&id).expect("listed").entries.push(*e);
-        }
         let restored = Restored {
             files,
             overwritten: vec![false; self.regions],
             entries: c.entries.len(),
+            adopting: None,
         };
         let bytes = restored.bytes();
         if !self.charge_more(bytes) {
@@ -262,16 +274,20 @@ impl Extension {
         c.next_region
     }
 
-    fn read_slot(&self, slot: u64) -> Result<Checkpoint, String> {
-        let offset = checkpoint::slot_offset(self.regions, slot);
+    /// A slot's generation and payload length, from its header alone.
+    fn read_slot_header(&self, slot: u64) -> Result<(u64, usize), String> {
         let mut head = crate::io::AlignedBuf::new(4096);
         self.file
-            .read_at(offset, &mut head)
+            .read_at(checkpoint::slot_offset(self.regions, slot), &mut head)
             .map_err(|e| e.to_string())?;
-        let (_, payload) = Checkpoint::header(&head, self.regions)?;
+        Checkpoint::header(&head, self.regions)
+    }
+
+    /// A whole slot whose header claimed `payload` bytes, decoded and checked.
+    fn read_slot(&self, slot: u64, payload: usize) -> Result<Checkpoint, String> {
         let mut whole = crate::io::AlignedBuf::new(4096 + payload);
         self.file
-            .read_at(offset, &mut whole)
+            .read_at(checkpoint::slot_offset(self.regions, slot), &mut whole)
             .map_err(|e| e.to_string())?;
         Checkpoint::decode(&whole, self.regions)
     }
@@ -298,7 +314,8 @@ impl Extension {
 
     /// Whether the last checkpoint lists pages of this file that are still waiting.
     pub fn has_restored(&self, file: FileIdentity) -> bool {
-        self.tables.read().restored.files.contains_key(&file)
+        let t = self.tables.read();
+        t.restored.files.contains_key(&file) || t.restored.adopting == Some(file)
     }
 
     /// Indexes the checkpoint's pages of a file under `key` if the file is provably unchanged:
@@ -310,18 +327,33 @@ impl Extension {
         &self,
         key: FileKey,
         now: Option<FileStamp>,
-        mut first_page: impl FirstPage,
+        first_page: impl FirstPage,
     ) -> Vec<(PageKey, Location)> {
         let Some(now) = now else { return Vec::new() };
         let rec = {
             let mut t = self.tables.write();
             let rec = t.restored.take(now.identity);
-            self.waiting_files.store(t.restored.files.len(), Relaxed);
+            t.restored.adopting = rec.is_some().then_some(now.identity);
             rec
         };
         let Some(rec) = rec else {
             return Vec::new();
         };
+        let hot = self.adopt_entries(key, now, rec, first_page);
+        let mut t = self.tables.write();
+        t.restored.adopting = None;
+        self.waiting_files.store(t.restored.files.len(), Relaxed);
+        hot
+    }
+
+    /// `adopt` for the entries `rec` taken off the waiting list.
+    fn adopt_entries(
+        &self,
+        key: FileKey,
+        now: FileStamp,
+        rec: RestoredFile,
+        mut first_page: impl FirstPage,
+    ) -> Vec<(PageKey, Location)> {
         let refuse = |why: &str| {
             self.counters
                 .ext_pages_not_restored
@@ -350,11 +382,15 @@ impl Extension {
         }
         // Index memory first (charging may evict from RAM, which offers pages to us). Only the
         // writer's thread grows the index (adoptions run there), so the room charged stays room.
-        let mut per_region: HashMap<usize, usize> = HashMap::new();
+        let mut counts = vec![0usize; self.regions];
         for e in &rec.entries {
-            *per_region.entry(e.region as usize).or_default() += 1;
+            counts[e.region as usize] += 1;
         }
-        let per_region: Vec<(usize, usize)> = per_region.into_iter().collect();
+        let per_region: Vec<(usize, usize)> = counts
+            .into_iter()
+            .enumerate()
+            .filter(|&(_, n)| n > 0)
+            .collect();
         let grow = {
             let t = self.tables.read();
             t.index.bytes_after_adding(&per_region) - t.index.bytes()
@@ -362,33 +398,37 @@ impl Extension {
         if !self.charge_more(grow) {
             return refuse("the index has no memory left for them");
         }
-        let mut t = self.tables.write();
-        let tables = &mut *t;
-        tables.index.prepare_many(&per_region);
+        self.tables.write().index.prepare_many(&per_region);
         let mut adopted = 0;
         let mut hot = Vec::new();
-        for e in &rec.entries {
-            let page = PageKey::new(key, e.page as u64);
-            if !tables.restored.live(e)
-                || tables.index.contains(page)
-                || tables.staged.contains_key(&page)
-                || !tables.index.has_room(e.region as usize)
-            {
-                continue;
-            }
-            tables.index.insert_restored(
-                page,
-                e.region as usize,
-                e.offset_in_region(),
-                e.len(),
-                e.crc,
-            );
-            adopted += 1;
-            if e.hot {
-                hot.push((page, tables.index.lookup(page).expect("just indexed")));
+        // In chunks: the tables' lock is every L2 reader's, and a large file's adoption must
+        // not stall the reads of the others. Only this thread grows the index, so the room
+        // prepared stays room between chunks.
+        for chunk in rec.entries.chunks(ADOPT_CHUNK) {
+            let mut t = self.tables.write();
+            let tables = &mut *t;
+            for e in chunk {
+                let page = PageKey::new(key, e.page as u64);
+                if !tables.restored.live(e)
+                    || tables.index.contains(page)
+                    || tables.staged.contains_key(&page)
+                    || !tables.index.has_room(e.region as usize)
+                {
+                    continue;
+                }
+                tables.index.insert_restored(
+                    page,
+                    e.region as usize,
+                    e.offset_in_region(),
+                    e.len(),
+                    e.crc,
+                );
+                adopted += 1;
+                if e.hot {
+                    hot.push((page, tables.index.lookup(page).expect("just indexed")));
+                }
             }
         }
-        drop(t);
         self.index_changed.store(true, Relaxed);
         self.counters
             .ext_pages_restored
