@@ -504,15 +504,7 @@ fn sigkill_at_random_moments_loses_no_committed_transaction() {
     let iterations: usize = std::env::var("BPE_CRASH_ITERATIONS")
         .ok()
         .map_or(20, |v| v.parse().expect("BPE_CRASH_ITERATIONS"));
-    let seed: u64 = std::env::var("BPE_CRASH_SEED").ok().map_or_else(
-        || {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        },
-        |v| v.parse().expect("BPE_CRASH_SEED"),
-    );
+    let seed = crash_seed();
     println!("{iterations} iterations, BPE_CRASH_SEED={seed}");
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempdir();

@@ -283,15 +283,7 @@ fn a_database_changed_by_plain_sqlite_between_bpe_processes_is_never_served_stal
 /// aborts, which the parent sees); then a clean reader checks once more.
 #[test]
 fn sigkill_during_fill_restore_or_resize_never_serves_a_stale_page() {
-    let seed: u64 = std::env::var("BPE_CRASH_SEED").ok().map_or_else(
-        || {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        },
-        |v| v.parse().expect("BPE_CRASH_SEED"),
-    );
+    let seed = crash_seed();
     println!("BPE_CRASH_SEED={seed}");
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempdir();

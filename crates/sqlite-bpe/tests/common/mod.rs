@@ -204,3 +204,17 @@ pub fn bpe_vars() -> impl Iterator<Item = &'static str> {
     .into_iter()
     .chain(sqlite_bpe::emulation_var_names())
 }
+
+/// The seed of a randomized crash test: `BPE_CRASH_SEED` to replay one, else the clock. The
+/// caller prints it, so that a failure in CI can be replayed.
+pub fn crash_seed() -> u64 {
+    std::env::var("BPE_CRASH_SEED").ok().map_or_else(
+        || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        },
+        |v| v.parse().expect("BPE_CRASH_SEED"),
+    )
+}
