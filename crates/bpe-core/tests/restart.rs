@@ -189,3 +189,38 @@ fn restored_copies_the_ring_overwrote_since_are_misses_not_faults() {
         "misses taken for faults disabled the extension"
     );
 }
+
+/// A killed process leaves the last checkpoint it wrote, and its writer may have gone on into
+/// regions the checkpoint lists. The writer therefore never enters more than a sixteenth of the
+/// ring (at least one region) past the checkpoint in force without writing another, and a
+/// restore treats that stretch as overwritten: here, with periodic checkpoints off, the fill
+/// itself must write them as it moves through the ring.
+#[test]
+fn the_writer_checkpoints_before_it_outruns_the_checkpoint_in_force() {
+    let dir = tempdir();
+    let data = settled_file(dir.path(), "data");
+    let ext = dir.path().join("ext.bpe");
+    let engine = Engine::new(bpe_core::Config {
+        max_memory: MEMORY,
+        checkpoint_interval: Duration::from_secs(3600),
+        ..bpe_core::Config::default()
+    });
+    engine.enable_extension(&ext, EXT).unwrap();
+    let f = engine.open_file(&data, PAGE).unwrap();
+    // A first checkpoint in force (the bound starts from one).
+    engine.close_extension().unwrap();
+    engine.enable_extension(&ext, EXT).unwrap();
+    assert!(engine.wait_for_extension_restore(WAIT));
+    let before = engine.counters().ext_checkpoints;
+    for p in 0..PAGES {
+        read(&engine, &f, p);
+    }
+    assert!(engine.wait_for_extension_writes(WAIT));
+    // 600 pages of 4 KiB fill about five 512 KiB regions; a 31-region ring allows one past the
+    // checkpoint's position, so a checkpoint is due at every second region entered.
+    let written = engine.counters().ext_checkpoints - before;
+    assert!(
+        written >= 2,
+        "{written} checkpoints while the writer crossed five regions"
+    );
+}

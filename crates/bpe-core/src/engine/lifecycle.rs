@@ -167,7 +167,8 @@ impl Engine {
         };
         let size = ext.size_bytes();
         self.extension_fd.store(ext.raw_fd(), Relaxed);
-        *self.extension.write() = Some(ext);
+        *self.extension.write() = Some(ext.clone());
+        self.offer_open_files(&ext);
         self.refresh_memory_target();
         self.enter(Phase::Enabled {
             path: path.to_path_buf(),

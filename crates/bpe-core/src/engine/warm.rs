@@ -105,17 +105,34 @@ impl Engine {
             return;
         }
         let Some(ext) = self.current_extension() else {
-            return;
+            return; // an extension being enabled offers every open file once it is in place
         };
         if !ext.has_restored(file.identity()) {
             return;
         }
-        let (engine, file, target) = (Arc::downgrade(self), file.clone(), ext.clone());
+        self.queue_adoption(&ext, vec![file.clone()]);
+    }
+
+    /// Queues the adoption of `files` on `ext`'s writer. The chore holds neither strongly: it
+    /// lives in the extension's own queue, and a strong hold would keep both alive for good.
+    fn queue_adoption(&self, ext: &Arc<Extension>, files: Vec<FileHandle>) {
+        let (engine, target) = (self.me.clone(), Arc::downgrade(ext));
         ext.request_adoption(move || {
-            if let Some(engine) = engine.upgrade() {
-                engine.adopt(&target, &file);
+            if let (Some(engine), Some(target)) = (engine.upgrade(), target.upgrade()) {
+                files.iter().for_each(|f| engine.adopt(&target, f));
             }
         });
+    }
+
+    /// Once a restoring extension is in place: every file open now is offered to it (again).
+    /// A file opened after the writer listed the open files and before the extension was in
+    /// place would otherwise wait for an adoption nobody asked for.
+    pub(super) fn offer_open_files(&self, ext: &Arc<Extension>) {
+        if ext.restore_settled() && !ext.has_waiting_files() {
+            return;
+        }
+        let open: Vec<FileHandle> = self.files.lock().open_files().cloned().collect();
+        self.queue_adoption(ext, open);
     }
 
     /// Every file open now is offered to a freshly restored extension (on its writer's thread).
@@ -130,13 +147,13 @@ impl Engine {
     /// the file (and its stamp) before the check, and one that starts after finds the adopted
     /// copies to invalidate.
     fn adopt(&self, ext: &Arc<Extension>, file: &FileHandle) {
-        if !ext.has_restored(file.identity()) {
-            return;
+        if !ext.has_restored(file.identity()) || file.data().is_none() {
+            return; // a closed file's pages wait: its next open offers it again
         }
         let hot = {
             let _writes = file.writes_held_off();
             let now = file.stamp_now().ok();
-            ext.adopt(file.key(), now, |len: usize| {
+            ext.adopt(file.key(), file.identity(), now, |len: usize| {
                 let mut buf = vec![0u8; len];
                 match self.device_read(file, Via(None), 0, &mut buf) {
                     Ok(n) if n == len => Some(page_crc(0, &buf)),
@@ -213,6 +230,16 @@ impl Engine {
                 .filter(|(_, loc)| loc.len == page_size)
                 .filter_map(|&(key, loc)| self.pool.try_prefetch(key).map(|t| (t, loc)))
                 .collect();
+            // Only from the extension in place: once it is unplugged, writes no longer void
+            // its entries. Checked after the tickets are taken, as a miss does (`load`): a
+            // write that went past this extension happened before, and its page is not ours.
+            if !self
+                .current_extension()
+                .is_some_and(|c| std::ptr::eq(Arc::as_ptr(&c), ext))
+            {
+                tickets.into_iter().for_each(|(t, _)| self.pool.abort(t));
+                return None;
+            }
             let Some(lo) = tickets.iter().map(|(_, l)| l.offset).min() else {
                 return Some((0, 0));
             };

@@ -97,6 +97,21 @@ pub struct Checkpoint {
     pub entries: Vec<SavedEntry>,
 }
 
+/// Regions the writer may enter after the checkpoint in force before it writes another, and
+/// that a restore therefore treats as overwritten from the checkpoint's `next_region` on: after
+/// a kill, the entries listed for those regions may point at other pages' bytes, and a 32-bit
+/// checksum alone must not be what stands between such an entry and a reader. A sixteenth of
+/// the ring (its oldest pages, the next to go anyway), so that checkpoints cost at most one
+/// sixteenth more writes (16 bytes per 4 KiB page listed, per sixteenth of the ring written).
+pub const fn unlisted_regions(regions: usize) -> usize {
+    let m = regions / 16;
+    if m == 0 {
+        1
+    } else {
+        m
+    }
+}
+
 /// Entries a slot has room for.
 pub fn entry_capacity(regions: usize) -> usize {
     regions * ENTRIES_PER_REGION

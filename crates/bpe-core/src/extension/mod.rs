@@ -153,6 +153,10 @@ pub struct Extension {
     index_changed: AtomicBool,
     /// The vouched files' fingerprint at the last checkpoint.
     checkpointed_files: AtomicU64,
+    /// The ring position (`next_region`) of the checkpoint in force in the file, `NO_CHECKPOINT`
+    /// if none: the writer enters at most `checkpoint::unlisted_regions` regions from there
+    /// before it writes another (see `Writer::enter_region`).
+    checkpoint_next: AtomicUsize,
     /// The region the writer is filling.
     writer_region: AtomicUsize,
     /// Chores for the writer's thread, and how many are asked for and not done.
@@ -218,6 +222,7 @@ impl Extension {
             checkpoint_generation: Mutex::new(Rank::Checkpoint, 0),
             index_changed: AtomicBool::new(false),
             checkpointed_files: AtomicU64::new(0),
+            checkpoint_next: AtomicUsize::new(persist::NO_CHECKPOINT),
             writer_region: AtomicUsize::new(0),
             chores: Mutex::new(Rank::Leaf, Vec::new()),
             chores_pending: AtomicUsize::new(0),
@@ -235,6 +240,11 @@ impl Extension {
         self.chores.lock().push(Box::new(chore));
         // If the queue is full the writer is busy, and looks at its chores between batches.
         let _ = self.staging.try_send(ToWriter::Chores);
+    }
+
+    fn drop_chores(&self) {
+        let dropped = std::mem::take(&mut *self.chores.lock());
+        self.chores_pending.fetch_sub(dropped.len(), Relaxed);
     }
 
     fn run_chores(&self) {

@@ -47,6 +47,9 @@ pub(super) struct Restored {
 /// Bytes of RAM one waiting entry takes (charged like the index).
 const RESTORED_ENTRY_BYTES: u64 = std::mem::size_of::<SavedEntry>() as u64;
 
+/// `Extension::checkpoint_next` when the file holds no checkpoint in force.
+pub(super) const NO_CHECKPOINT: usize = usize::MAX;
+
 /// Entries indexed per hold of the tables' lock during an adoption (~1 ms of work).
 const ADOPT_CHUNK: usize = 4096;
 
@@ -152,10 +155,16 @@ impl Extension {
                     });
                 }
             }
-            // Files this process never opened keep what the last checkpoint said of them.
+            // Files this process never opened keep what the last checkpoint said of them (a
+            // file listed above already, open and waiting for its adoption, is listed once).
+            let listed: std::collections::HashSet<FileIdentity> =
+                vouched.files.iter().map(|(_, s)| s.identity).collect();
             for r in t.restored.files.values() {
                 if files.len() == MAX_FILES {
                     break;
+                }
+                if listed.contains(&r.stamp.identity) {
+                    continue;
                 }
                 let file = files.len() as u16;
                 files.push(SavedFile { stamp: r.stamp });
@@ -185,6 +194,7 @@ impl Extension {
         match self.file.write_at(offset, &buf) {
             Ok(()) => {
                 *generation += 1;
+                self.checkpoint_next.store(c.next_region, Relaxed);
                 self.checkpointed_files
                     .store(vouched.fingerprint(), Relaxed);
                 Counters::bump(&self.counters.ext_checkpoints);
@@ -196,8 +206,13 @@ impl Extension {
                     started.elapsed()
                 );
             }
-            // The slot may be torn: the other one still holds the previous checkpoint.
-            Err(e) => log::warn!("buffer pool extension checkpoint not written: {e}"),
+            // The slot may be torn and the other one holds the previous checkpoint, whose
+            // bound on the writer (`checkpoint_next`) no longer holds: void both (best effort;
+            // a file that refuses writes is on its way to being retired and deleted anyway).
+            Err(e) => {
+                log::warn!("buffer pool extension checkpoint not written: {e}");
+                self.void_checkpoints();
+            }
         }
     }
 
@@ -228,7 +243,7 @@ impl Extension {
             );
             return 0;
         };
-        *self.checkpoint_generation.lock() = highest.unwrap_or(0) + 1;
+        *self.checkpoint_generation.lock() = highest.unwrap_or(0).wrapping_add(1);
         // Grouped by the checkpoint's file index (no hashing per entry).
         let mut per_file: Vec<Vec<SavedEntry>> = vec![Vec::new(); c.files.len()];
         for e in &c.entries {
@@ -246,12 +261,18 @@ impl Extension {
                 (f.stamp.identity, r)
             })
             .collect();
-        let restored = Restored {
+        let mut restored = Restored {
             files,
             overwritten: vec![false; self.regions],
             entries: c.entries.len(),
             adopting: None,
         };
+        // What the previous writer may have overwritten after this checkpoint (it was killed,
+        // or closed: either way these are the ring's oldest regions, the next to go).
+        for back in 0..checkpoint::unlisted_regions(self.regions) {
+            restored.overwrite((c.next_region + back) % self.regions);
+        }
+        self.checkpoint_next.store(c.next_region, Relaxed);
         let bytes = restored.bytes();
         if !self.charge_more(bytes) {
             self.counters
@@ -272,6 +293,26 @@ impl Extension {
             started.elapsed()
         );
         c.next_region
+    }
+
+    /// Overwrites both slots' headers: the next process starts cold.
+    fn void_checkpoints(&self) {
+        let blank = crate::io::AlignedBuf::new(4096);
+        for slot in 0..2u64 {
+            let _ = self
+                .file
+                .write_at(checkpoint::slot_offset(self.regions, slot), &blank);
+        }
+        self.checkpoint_next.store(NO_CHECKPOINT, Relaxed);
+    }
+
+    /// A checkpoint is due before the writer, entering `region` (already forgotten), goes
+    /// further than the checkpoint in force lets a restore assume.
+    pub(super) fn checkpoint_due_at(&self, region: usize) -> bool {
+        let next = self.checkpoint_next.load(Relaxed);
+        next != NO_CHECKPOINT
+            && (region + self.regions - next) % self.regions
+                >= checkpoint::unlisted_regions(self.regions)
     }
 
     /// A slot's generation and payload length, from its header alone.
@@ -312,6 +353,11 @@ impl Extension {
         true
     }
 
+    /// Whether pages of some file still wait for adoption.
+    pub fn has_waiting_files(&self) -> bool {
+        self.waiting_files.load(Relaxed) > 0
+    }
+
     /// Whether the last checkpoint lists pages of this file that are still waiting.
     pub fn has_restored(&self, file: FileIdentity) -> bool {
         let t = self.tables.read();
@@ -326,19 +372,22 @@ impl Extension {
     pub fn adopt(
         &self,
         key: FileKey,
+        identity: FileIdentity,
         now: Option<FileStamp>,
         first_page: impl FirstPage,
     ) -> Vec<(PageKey, Location)> {
-        let Some(now) = now else { return Vec::new() };
         let rec = {
             let mut t = self.tables.write();
-            let rec = t.restored.take(now.identity);
-            t.restored.adopting = rec.is_some().then_some(now.identity);
+            let rec = t.restored.take(identity);
+            t.restored.adopting = rec.is_some().then_some(identity);
             rec
         };
         let Some(rec) = rec else {
             return Vec::new();
         };
+        // A stamp that cannot be read, or of another inode (the file was replaced under its
+        // name), proves nothing: none of its pages.
+        let now = now.filter(|n| n.identity == identity);
         let hot = self.adopt_entries(key, now, rec, first_page);
         let mut t = self.tables.write();
         t.restored.adopting = None;
@@ -350,7 +399,7 @@ impl Extension {
     fn adopt_entries(
         &self,
         key: FileKey,
-        now: FileStamp,
+        now: Option<FileStamp>,
         rec: RestoredFile,
         mut first_page: impl FirstPage,
     ) -> Vec<(PageKey, Location)> {
@@ -361,11 +410,11 @@ impl Extension {
             log::info!(
                 "buffer pool extension: {} cached pages of a file (inode {}) not restored: {why}",
                 rec.entries.len(),
-                now.identity.ino
+                rec.stamp.identity.ino
             );
             Vec::new()
         };
-        if rec.stamp != now {
+        if now != Some(rec.stamp) {
             return refuse("the file changed while no bpe process had it open");
         }
         let header = {

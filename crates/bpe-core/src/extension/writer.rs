@@ -50,7 +50,11 @@ pub(super) fn spawn(ext: Arc<Extension>, rx: Receiver<ToWriter>, done: Arc<Latch
             );
         }
         // Consumes the writer: its hold on the extension ends before `done` says it stopped.
+        let ext = writer.ext.clone();
         writer.run(rx);
+        // Adoptions asked for and never run: nothing will run them now.
+        ext.drop_chores();
+        drop(ext);
         done.set();
     })
     .expect("spawn extension writer");
@@ -229,6 +233,11 @@ impl Writer {
         }
         // A fresh region: its pages have not been referenced since they were written.
         ext.region_last_ref[self.region].store(now, Relaxed);
+        if ext.checkpoint_due_at(self.region) {
+            // Listed nothing of this region (just forgotten); bounds what a restore must void.
+            ext.checkpoint_files(ext.host.vouched_files(), &|keys| ext.host.resident(keys));
+            self.last_checkpoint = Instant::now();
+        }
     }
 
     /// Makes room in the index for `pages` in the current region, within the memory budget:
