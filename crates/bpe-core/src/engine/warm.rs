@@ -131,14 +131,16 @@ impl Engine {
         if ext.restore_settled() && !ext.has_waiting_files() {
             return;
         }
-        let open: Vec<FileHandle> = self.files.lock().open_files().cloned().collect();
-        self.queue_adoption(ext, open);
+        self.queue_adoption(ext, self.open_files_now());
+    }
+
+    fn open_files_now(&self) -> Vec<FileHandle> {
+        self.files.lock().open_files().cloned().collect()
     }
 
     /// Every file open now is offered to a freshly restored extension (on its writer's thread).
     pub(super) fn adopt_open_files(&self, ext: &Arc<Extension>) {
-        let open: Vec<FileHandle> = self.files.lock().open_files().cloned().collect();
-        for file in &open {
+        for file in &self.open_files_now() {
             self.adopt(ext, file);
         }
     }
@@ -194,13 +196,12 @@ impl Engine {
         let page_size = file.page_size();
         let mut fetched = 0;
         while let Some(span) = plan.next_span() {
-            let Some((pages, bytes)) = self.prewarm_span(ext, file, span, page_size, plan.started)
-            else {
+            let Some(pages) = self.prewarm_span(ext, file, span, page_size, plan.started) else {
                 plan.stop();
                 break;
             };
             fetched += pages;
-            plan.spend(bytes);
+            plan.spend(pages * page_size as u64);
         }
         Counters::add(&self.counters.readahead_pages, fetched);
         self.counters
@@ -213,8 +214,8 @@ impl Engine {
     }
 
     /// One prewarm request: the pages of `span` (one aligned window of the ring) not yet in
-    /// RAM, read with one request and installed. Returns (pages, bytes) installed, or None
-    /// when the extension cannot be read (prewarm stops).
+    /// RAM, read with one request and installed. Returns the pages installed, or None when the
+    /// extension cannot be read or is no longer in place (prewarm stops).
     fn prewarm_span(
         &self,
         ext: &Extension,
@@ -222,51 +223,48 @@ impl Engine {
         span: &[(PageKey, Location)],
         page_size: usize,
         started: Instant,
-    ) -> Option<(u64, u64)> {
-        let (mut fetched, mut spent) = (0u64, 0u64);
+    ) -> Option<u64> {
+        let tickets: Vec<_> = span
+            .iter()
+            .filter(|(_, loc)| loc.len == page_size)
+            .filter_map(|&(key, loc)| self.pool.try_prefetch(key).map(|t| (t, loc)))
+            .collect();
+        // Only from the extension in place: once it is unplugged, writes no longer void its
+        // entries. Checked after the tickets are taken, as a miss does (`load`): a write that
+        // went past this extension happened before, and its page is not ours.
+        if !self
+            .current_extension()
+            .is_some_and(|c| std::ptr::eq(Arc::as_ptr(&c), ext))
         {
-            let tickets: Vec<_> = span
-                .iter()
-                .filter(|(_, loc)| loc.len == page_size)
-                .filter_map(|&(key, loc)| self.pool.try_prefetch(key).map(|t| (t, loc)))
-                .collect();
-            // Only from the extension in place: once it is unplugged, writes no longer void
-            // its entries. Checked after the tickets are taken, as a miss does (`load`): a
-            // write that went past this extension happened before, and its page is not ours.
-            if !self
-                .current_extension()
-                .is_some_and(|c| std::ptr::eq(Arc::as_ptr(&c), ext))
-            {
-                tickets.into_iter().for_each(|(t, _)| self.pool.abort(t));
-                return None;
-            }
-            let Some(lo) = tickets.iter().map(|(_, l)| l.offset).min() else {
-                return Some((0, 0));
-            };
-            let hi = tickets
-                .iter()
-                .map(|(_, l)| l.offset + l.len as u64)
-                .max()
-                .unwrap_or(lo);
-            let Some((block, skip)) = ext.read_span(lo, (hi - lo) as usize) else {
-                tickets.into_iter().for_each(|(t, _)| self.pool.abort(t));
-                return None;
-            };
-            for (ticket, loc) in tickets {
-                let at = skip + (loc.offset - lo) as usize;
-                let bytes = &block[at..at + loc.len];
-                if ext.verified(ticket.key, loc, bytes) {
-                    let frame = self.frame(file, ticket.key, bytes, started, true);
-                    self.pool
-                        .finish_load(ticket, frame, LoadSource::Extension, self);
-                    fetched += 1;
-                    spent += loc.len as u64;
-                } else {
-                    self.pool.abort(ticket);
-                }
+            tickets.into_iter().for_each(|(t, _)| self.pool.abort(t));
+            return None;
+        }
+        let Some(lo) = tickets.iter().map(|(_, l)| l.offset).min() else {
+            return Some(0);
+        };
+        let hi = tickets
+            .iter()
+            .map(|(_, l)| l.offset + l.len as u64)
+            .max()
+            .unwrap_or(lo);
+        let Some((block, skip)) = ext.read_span(lo, (hi - lo) as usize) else {
+            tickets.into_iter().for_each(|(t, _)| self.pool.abort(t));
+            return None;
+        };
+        let mut fetched = 0;
+        for (ticket, loc) in tickets {
+            let at = skip + (loc.offset - lo) as usize;
+            let bytes = &block[at..at + loc.len];
+            if ext.verified(ticket.key, loc, bytes) {
+                let frame = self.frame(file, ticket.key, bytes, started, true);
+                self.pool
+                    .finish_load(ticket, frame, LoadSource::Extension, self);
+                fetched += 1;
+            } else {
+                self.pool.abort(ticket);
             }
         }
-        Some((fetched, spent))
+        Some(fetched)
     }
 
     /// At process exit: a last checkpoint, and the file stays for the next process. Skipped if

@@ -58,8 +58,9 @@ impl Restored {
         self.entries as u64 * RESTORED_ENTRY_BYTES
     }
 
+    /// Files whose pages wait for adoption, the one being adopted included.
     pub(super) fn files_waiting(&self) -> usize {
-        self.files.len()
+        self.files.len() + usize::from(self.adopting.is_some())
     }
 
     /// The writer is about to overwrite `region`.
@@ -391,7 +392,8 @@ impl Extension {
         let hot = self.adopt_entries(key, now, rec, first_page);
         let mut t = self.tables.write();
         t.restored.adopting = None;
-        self.waiting_files.store(t.restored.files.len(), Relaxed);
+        self.waiting_files
+            .store(t.restored.files_waiting(), Relaxed);
         hot
     }
 
