@@ -28,6 +28,9 @@ pub use engine::{
     ExtensionState, ExtensionStatus, PageRead, Settings, Via,
 };
 pub use error::{Error, Result};
+/// The shared extension's protocol (one index for the processes of a machine), public for its
+/// multi-process crash tests.
+pub use extension::shared;
 pub use extension::{initial_index_bytes, MIN_EXTENSION_BYTES};
 pub use files::{FileHandle, FileInfo, KnownStamp, OpenKind, OpenRequest};
 pub use io::aligned::{Scratch, READAHEAD_BUFFERS_KEPT_BYTES};

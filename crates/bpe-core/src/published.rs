@@ -142,7 +142,7 @@ pub fn directory() -> PathBuf {
 
 /// The directory, created 0700 if missing; None if it is not ours alone (then nothing is
 /// published: another user could read or plant samples there).
-fn own_directory() -> Option<PathBuf> {
+pub(crate) fn own_directory() -> Option<PathBuf> {
     let dir = directory();
     let _ = fs::DirBuilder::new().mode(0o700).create(&dir);
     let meta = fs::symlink_metadata(&dir).ok()?;

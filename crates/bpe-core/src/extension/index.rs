@@ -17,7 +17,7 @@ use crate::page::{FileKey, PageKey};
 /// Bytes of one place in the ring's addressing unit.
 pub const UNIT: usize = 512;
 /// Entries a region can hold at most (a region of 512-byte pages).
-const MAX_PER_REGION: usize = crate::config::EXTENSION_BATCH_BYTES / UNIT;
+pub const MAX_PER_REGION: usize = crate::config::EXTENSION_BATCH_BYTES / UNIT;
 
 /// Where a cached page sits and how to check it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,8 +32,11 @@ pub struct Location {
     pub restored: bool,
 }
 
+/// One cached page: `#[repr(C)]` because a shared extension keeps entries in a mapping that
+/// every participating process reads.
 #[derive(Clone, Copy, Default)]
-struct Entry {
+#[repr(C)]
+pub struct Entry {
     /// 0 marks a dead entry (keys start at 1).
     file: FileKey,
     page: u32,
@@ -56,16 +59,16 @@ pub struct ExtensionIndex {
     live_bytes: u64,
 }
 
-fn handle(region: usize, pos: usize) -> u32 {
+pub(crate) fn handle(region: usize, pos: usize) -> u32 {
     (region * MAX_PER_REGION + pos) as u32
 }
 
-fn split(h: u32) -> (usize, usize) {
+pub(crate) fn split(h: u32) -> (usize, usize) {
     (h as usize / MAX_PER_REGION, h as usize % MAX_PER_REGION)
 }
 
 /// Table size for `entries` at load factor <= 3/4.
-fn buckets_for(entries: usize) -> usize {
+pub(crate) fn buckets_for(entries: usize) -> usize {
     entries + entries / 3 + 1
 }
 
@@ -142,11 +145,6 @@ impl ExtensionIndex {
         }
     }
 
-    /// Whether `region` can list one more entry.
-    pub fn has_room(&self, region: usize) -> bool {
-        self.regions[region].len() < MAX_PER_REGION
-    }
-
     fn table_len_for(&self, entries: usize) -> usize {
         if entries * 4 > self.buckets.len() * 3 {
             buckets_for(entries)
@@ -164,31 +162,140 @@ impl ExtensionIndex {
         self.regions[region].reserve_exact(more);
     }
 
-    /// Cached pages.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Bytes of the ring the cached pages take.
-    pub fn live_bytes(&self) -> u64 {
-        self.live_bytes
-    }
-
     /// Whether a page can be indexed at all (its number fits the 4-byte field).
     pub fn fits(key: PageKey) -> bool {
-        key.file != 0 && key.page < u32::MAX as u64
+        fits(key)
+    }
+
+    /// Records that `key` now sits at byte `offset` of `region` (the region's entries are
+    /// appended in write order). An older copy of `key` elsewhere is dropped: one copy per page.
+    pub fn insert(&mut self, key: PageKey, region: usize, offset: usize, len: usize, crc: u32) {
+        self.grow_for_one();
+        let placed = self.insert_entry(key, region, offset, len, crc, false);
+        assert!(placed, "region {region} is full");
+    }
+
+    /// Like `insert`, for a copy taken over from a checkpoint (see [`Location::restored`]).
+    pub fn insert_restored(
+        &mut self,
+        key: PageKey,
+        region: usize,
+        offset: usize,
+        len: usize,
+        crc: u32,
+    ) {
+        self.grow_for_one();
+        let placed = self.insert_entry(key, region, offset, len, crc, true);
+        assert!(placed, "region {region} is full");
+    }
+
+    /// Callers prepare first; this only keeps the table sound if one did not.
+    fn grow_for_one(&mut self) {
+        if (self.len + 1) * 4 > self.buckets.len() * 3 {
+            self.rehash(buckets_for(self.len + 1));
+        }
+    }
+
+    fn rehash(&mut self, len: usize) {
+        let old = std::mem::replace(&mut self.buckets, vec![0; len]);
+        for b in old.into_iter().filter(|&b| b != 0) {
+            let mut i = self.home(self.key_of(b - 1));
+            while self.buckets[i] != 0 {
+                i = (i + 1) % len;
+            }
+            self.buckets[i] = b;
+        }
+    }
+
+    /// Like `clear_region`, and gives the region's entry memory back (to make index room).
+    pub fn release_region(&mut self, region: usize) -> usize {
+        let n = self.clear_region(region);
+        self.regions[region] = Vec::new();
+        n
+    }
+}
+
+impl IndexStore for ExtensionIndex {
+    fn buckets(&self) -> &[u32] {
+        &self.buckets
+    }
+    fn buckets_mut(&mut self) -> &mut [u32] {
+        &mut self.buckets
+    }
+    fn region(&self, region: usize) -> &[Entry] {
+        &self.regions[region]
+    }
+    fn region_mut(&mut self, region: usize) -> &mut [Entry] {
+        &mut self.regions[region]
+    }
+    fn push(&mut self, region: usize, entry: Entry) -> bool {
+        let r = &mut self.regions[region];
+        if r.len() >= MAX_PER_REGION {
+            return false;
+        }
+        r.push(entry);
+        true
+    }
+    fn truncate(&mut self, region: usize) {
+        self.regions[region].clear();
+    }
+    fn region_bytes(&self) -> u64 {
+        self.region_bytes
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+    fn count(&mut self, entries: isize, bytes: i64) {
+        self.len = self.len.wrapping_add_signed(entries);
+        self.live_bytes = self.live_bytes.wrapping_add_signed(bytes);
+    }
+}
+
+/// Whether a page can be indexed at all (its number fits the 4-byte field).
+pub fn fits(key: PageKey) -> bool {
+    key.file != 0 && key.page < u32::MAX as u64
+}
+
+/// Where the index's table and entries live: this process's RAM ([`ExtensionIndex`], which
+/// grows) or a mapping shared by the processes of a shared extension (fixed in size). The
+/// lookup, insertion and removal logic is written once, here, over either.
+pub trait IndexStore {
+    /// Handle + 1 of the entry for a page, or 0.
+    fn buckets(&self) -> &[u32];
+    fn buckets_mut(&mut self) -> &mut [u32];
+    /// The entries of `region`, in write order.
+    fn region(&self, region: usize) -> &[Entry];
+    fn region_mut(&mut self, region: usize) -> &mut [Entry];
+    /// Appends `entry` to `region`; false if the region lists all it can.
+    fn push(&mut self, region: usize, entry: Entry) -> bool;
+    /// Empties `region`'s list (its entries already removed from the table).
+    fn truncate(&mut self, region: usize);
+    fn region_bytes(&self) -> u64;
+    /// Cached pages.
+    fn len(&self) -> usize;
+    /// Bytes of the ring the cached pages take.
+    fn live_bytes(&self) -> u64;
+    /// Adds to the two counts above.
+    fn count(&mut self, entries: isize, bytes: i64);
+
+    /// Whether `region` can list one more entry.
+    fn has_room(&self, region: usize) -> bool {
+        self.region(region).len() < MAX_PER_REGION
     }
 
     fn home(&self, key: PageKey) -> usize {
         let k = ((key.file as u64) << 32) | key.page;
         let h = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let h = h ^ (h >> 31);
-        ((h as u128 * self.buckets.len() as u128) >> 64) as usize
+        ((h as u128 * self.buckets().len() as u128) >> 64) as usize
     }
 
     fn entry(&self, h: u32) -> &Entry {
         let (r, p) = split(h);
-        &self.regions[r][p]
+        &self.region(r)[p]
     }
 
     fn key_of(&self, h: u32) -> PageKey {
@@ -198,13 +305,14 @@ impl ExtensionIndex {
 
     /// (bucket position, handle) of a page.
     fn find(&self, key: PageKey) -> Option<(usize, u32)> {
-        if !Self::fits(key) {
+        if !fits(key) {
             return None;
         }
-        let n = self.buckets.len();
+        let buckets = self.buckets();
+        let n = buckets.len();
         let mut i = self.home(key);
         loop {
-            let b = self.buckets[i];
+            let b = buckets[i];
             if b == 0 {
                 return None;
             }
@@ -224,7 +332,7 @@ impl ExtensionIndex {
         let (r, _) = split(h);
         let e = self.entry(h);
         Location {
-            offset: r as u64 * self.region_bytes + e.unit as u64 * UNIT as u64,
+            offset: r as u64 * self.region_bytes() + e.unit as u64 * UNIT as u64,
             len: 1 << e.size_log2,
             crc: e.crc,
             restored: e.restored,
@@ -232,32 +340,16 @@ impl ExtensionIndex {
     }
 
     /// Where `key` is cached.
-    pub fn lookup(&self, key: PageKey) -> Option<Location> {
+    fn lookup(&self, key: PageKey) -> Option<Location> {
         self.find(key).map(|(_, h)| self.location_of(h))
     }
 
-    pub fn contains(&self, key: PageKey) -> bool {
+    fn contains(&self, key: PageKey) -> bool {
         self.find(key).is_some()
     }
 
-    /// Records that `key` now sits at byte `offset` of `region` (the region's entries are
-    /// appended in write order). An older copy of `key` elsewhere is dropped: one copy per page.
-    pub fn insert(&mut self, key: PageKey, region: usize, offset: usize, len: usize, crc: u32) {
-        self.insert_entry(key, region, offset, len, crc, false);
-    }
-
-    /// Like `insert`, for a copy taken over from a checkpoint (see [`Location::restored`]).
-    pub fn insert_restored(
-        &mut self,
-        key: PageKey,
-        region: usize,
-        offset: usize,
-        len: usize,
-        crc: u32,
-    ) {
-        self.insert_entry(key, region, offset, len, crc, true);
-    }
-
+    /// Records that `key` sits at byte `offset` of `region`, dropping any older copy. False
+    /// (and nothing changed but that drop) if the region or the table is full.
     fn insert_entry(
         &mut self,
         key: PageKey,
@@ -266,61 +358,53 @@ impl ExtensionIndex {
         len: usize,
         crc: u32,
         restored: bool,
-    ) {
-        debug_assert!(Self::fits(key));
+    ) -> bool {
+        debug_assert!(fits(key));
         debug_assert!(len.is_power_of_two() && len >= UNIT && offset.is_multiple_of(UNIT));
         self.remove(key);
-        if (self.len + 1) * 4 > self.buckets.len() * 3 {
-            // Callers prepare first; this only keeps the table sound if one did not.
-            self.rehash(buckets_for(self.len + 1));
+        // Open addressing needs a free bucket to end every probe: at most 3/4 full.
+        if (self.len() + 1) * 4 > self.buckets().len() * 3 {
+            return false;
         }
-        let pos = self.regions[region].len();
-        assert!(pos < MAX_PER_REGION, "region {region} is full");
-        self.regions[region].push(Entry {
+        let pos = self.region(region).len();
+        let entry = Entry {
             file: key.file,
             page: key.page as u32,
             crc,
             unit: (offset / UNIT) as u16,
             size_log2: len.trailing_zeros() as u8,
             restored,
-        });
-        let n = self.buckets.len();
+        };
+        if !self.push(region, entry) {
+            return false;
+        }
         let mut i = self.home(key);
-        while self.buckets[i] != 0 {
+        let buckets = self.buckets_mut();
+        let n = buckets.len();
+        while buckets[i] != 0 {
             i = (i + 1) % n;
         }
-        self.buckets[i] = handle(region, pos) + 1;
-        self.len += 1;
-        self.live_bytes += len as u64;
-    }
-
-    fn rehash(&mut self, len: usize) {
-        let old = std::mem::replace(&mut self.buckets, vec![0; len]);
-        for b in old.into_iter().filter(|&b| b != 0) {
-            let mut i = self.home(self.key_of(b - 1));
-            while self.buckets[i] != 0 {
-                i = (i + 1) % len;
-            }
-            self.buckets[i] = b;
-        }
+        buckets[i] = handle(region, pos) + 1;
+        self.count(1, len as i64);
+        true
     }
 
     /// Forgets `key`; returns where it was.
-    pub fn remove(&mut self, key: PageKey) -> Option<Location> {
+    fn remove(&mut self, key: PageKey) -> Option<Location> {
         let (pos, h) = self.find(key)?;
         let loc = self.location_of(h);
         let (r, p) = split(h);
-        self.regions[r][p].file = 0;
-        self.buckets[pos] = 0;
-        self.len -= 1;
-        self.live_bytes -= loc.len as u64;
+        self.region_mut(r)[p].file = 0;
+        self.buckets_mut()[pos] = 0;
+        self.count(-1, -(loc.len as i64));
         self.shift_back(pos);
         Some(loc)
     }
 
     /// Forgets every entry of `region` (about to be overwritten); returns how many were live.
-    pub fn clear_region(&mut self, region: usize) -> usize {
-        let live: Vec<PageKey> = self.regions[region]
+    fn clear_region(&mut self, region: usize) -> usize {
+        let live: Vec<PageKey> = self
+            .region(region)
             .iter()
             .filter(|e| e.file != 0)
             .map(|e| PageKey::new(e.file, e.page as u64))
@@ -328,23 +412,16 @@ impl ExtensionIndex {
         for k in &live {
             self.remove(*k);
         }
-        self.regions[region].clear();
+        self.truncate(region);
         live.len()
-    }
-
-    /// Like `clear_region`, and gives the region's entry memory back (to make index room).
-    pub fn release_region(&mut self, region: usize) -> usize {
-        let n = self.clear_region(region);
-        self.regions[region] = Vec::new();
-        n
     }
 
     /// Backward-shift deletion: pulls later entries of the probe run into the hole at `hole`.
     fn shift_back(&mut self, mut hole: usize) {
-        let n = self.buckets.len();
+        let n = self.buckets().len();
         let mut j = (hole + 1) % n;
-        while self.buckets[j] != 0 {
-            let home = self.home(self.key_of(self.buckets[j] - 1));
+        while self.buckets()[j] != 0 {
+            let home = self.home(self.key_of(self.buckets()[j] - 1));
             // Move j into the hole unless its home lies cyclically in (hole, j].
             let home_in_between = if hole <= j {
                 hole < home && home <= j
@@ -352,8 +429,9 @@ impl ExtensionIndex {
                 hole < home || home <= j
             };
             if !home_in_between {
-                self.buckets[hole] = self.buckets[j];
-                self.buckets[j] = 0;
+                let buckets = self.buckets_mut();
+                buckets[hole] = buckets[j];
+                buckets[j] = 0;
                 hole = j;
             }
             j = (j + 1) % n;
@@ -361,8 +439,8 @@ impl ExtensionIndex {
     }
 
     /// The cached pages of one region, with where they sit.
-    pub fn region_entries(&self, region: usize) -> impl Iterator<Item = (PageKey, Location)> + '_ {
-        self.regions[region]
+    fn region_entries(&self, region: usize) -> impl Iterator<Item = (PageKey, Location)> + '_ {
+        self.region(region)
             .iter()
             .enumerate()
             .filter(|(_, e)| e.file != 0)
@@ -374,6 +452,26 @@ impl ExtensionIndex {
             })
     }
 
+    /// Forgets every page matching `pred`, in `regions`; returns how many.
+    fn remove_where_in(
+        &mut self,
+        regions: std::ops::Range<usize>,
+        mut pred: impl FnMut(PageKey) -> bool,
+    ) -> usize {
+        let victims: Vec<PageKey> = regions
+            .flat_map(|r| self.region(r).iter())
+            .filter(|e| e.file != 0)
+            .map(|e| PageKey::new(e.file, e.page as u64))
+            .filter(|k| pred(*k))
+            .collect();
+        for k in &victims {
+            self.remove(*k);
+        }
+        victims.len()
+    }
+}
+
+impl ExtensionIndex {
     /// Every cached page with its region.
     pub fn entries(&self) -> impl Iterator<Item = (usize, PageKey)> + '_ {
         self.regions.iter().enumerate().flat_map(|(r, entries)| {
@@ -385,16 +483,8 @@ impl ExtensionIndex {
     }
 
     /// Forgets every page matching `pred`; returns how many.
-    pub fn remove_where(&mut self, mut pred: impl FnMut(PageKey) -> bool) -> usize {
-        let victims: Vec<PageKey> = self
-            .entries()
-            .map(|(_, k)| k)
-            .filter(|k| pred(*k))
-            .collect();
-        for k in &victims {
-            self.remove(*k);
-        }
-        victims.len()
+    pub fn remove_where(&mut self, pred: impl FnMut(PageKey) -> bool) -> usize {
+        self.remove_where_in(0..self.regions.len(), pred)
     }
 }
 

@@ -9,10 +9,11 @@
 mod checkpoint;
 mod index;
 mod persist;
+pub mod shared;
 mod writer;
 
 pub use checkpoint::regions_for;
-pub use index::{page_crc, ExtensionIndex, Location, UNIT};
+pub use index::{page_crc, ExtensionIndex, IndexStore, Location, UNIT};
 
 use crate::config::{EXTENSION_BATCH_BYTES, EXTENSION_FAULT_LIMIT, EXTENSION_STAGING_PAGES};
 use crate::counters::Counters;

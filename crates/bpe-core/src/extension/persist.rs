@@ -18,7 +18,7 @@
 //!   else drops the file's pages. Every page is still read back against its checksum.
 
 use super::checkpoint::{self, Checkpoint, SavedEntry, SavedFile, MAX_FILES};
-use super::{Extension, Location, REGION_BYTES};
+use super::{Extension, IndexStore, Location, REGION_BYTES};
 use crate::counters::Counters;
 use crate::io::{FileIdentity, FileStamp};
 use crate::page::{FileKey, PageKey};

@@ -11,7 +11,7 @@
 //! adopts restored pages for files as they open, and checkpoints the index every few seconds
 //! while it changes (see `persist.rs`).
 
-use super::{page_crc, Extension, Staged, ToWriter, REGION_BYTES};
+use super::{page_crc, Extension, IndexStore, Staged, ToWriter, REGION_BYTES};
 use crate::config::DIRECT_IO_ALIGN;
 use crate::counters::Counters;
 use crate::io::aligned::round_up;

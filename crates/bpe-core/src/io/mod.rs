@@ -14,3 +14,5 @@ pub use data_file::{DataFile, FileIdentity, FileStamp};
 pub use device::{DataDevice, FaultyExtensionFile, Instrumented};
 pub use emulation::{DeviceCharges, DeviceOp, Emulator};
 pub use faults::FaultInjector;
+pub mod ofd;
+pub mod shared_memory;

@@ -1,0 +1,271 @@
+//! What a shared extension's memory holds, where, and the view of it that its lock gives.
+//!
+//! ```text
+//!   header    magic (set last by the creator), geometry, the robust mutex
+//!   totals    entry and byte counts, the ring's head, the key counter, recoveries   [locked]
+//!   participants[64]   pid of each attached process                                  [locked]
+//!   files[1024]        (dev, ino) -> current key and the stamp that vouches for it   [locked]
+//!   regions[R]         state, owner, epoch, entry count                              [locked]
+//!   stripes[16384]     write epochs, read without the lock                           [atomic]
+//!   buckets[B]         the page table (see index.rs)                                 [locked]
+//!   entries[R x 1024]  each region's entries in write order                          [locked]
+//! ```
+//!
+//! Nothing in it is a pointer: every process maps it at its own address. The locked parts are
+//! touched only by the holder of the mutex, through [`Tables`]; the stripes are atomics.
+
+use crate::extension::index::{buckets_for, Entry, IndexStore, MAX_PER_REGION};
+use crate::io::shared_memory::RobustMutex;
+use std::sync::atomic::AtomicU64;
+
+/// The layout's version and kind; a segment with another value is not ours or not this build's.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"BPESHX01");
+pub const MAX_PARTICIPANTS: usize = 64;
+pub const MAX_FILES: usize = 1024;
+pub const STRIPES: usize = 1 << 14;
+
+/// Sizes of the parts that depend on the extension's size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct Geometry {
+    pub regions: u64,
+    pub region_bytes: u64,
+    /// Table size: sized for pages of 2 KiB on average (4 KiB pages fill it to 3/8; pages of
+    /// 512 B fill it before the ring, and what does not fit is not admitted).
+    pub buckets: u64,
+}
+
+impl Geometry {
+    pub fn new(regions: usize, region_bytes: u64) -> Geometry {
+        Geometry {
+            regions: regions as u64,
+            region_bytes,
+            buckets: buckets_for(regions * (region_bytes / 2048) as usize) as u64,
+        }
+    }
+}
+
+#[repr(C)]
+pub struct Header {
+    pub magic: AtomicU64,
+    pub geometry: Geometry,
+    pub mutex: RobustMutex,
+}
+
+#[repr(C)]
+pub struct Totals {
+    pub len: u64,
+    pub live_bytes: u64,
+    /// The region the next claim starts looking at.
+    pub ring_head: u64,
+    /// The key the next file binding gets (keys are never reused while the segment lives).
+    pub next_key: u64,
+    /// Times a participant died holding the lock and the index was emptied.
+    pub recoveries: u64,
+}
+
+#[repr(C)]
+pub struct Participant {
+    pub pid: u32,
+    pub attached: u32,
+}
+
+#[repr(C)]
+pub struct FileSlot {
+    pub dev: u64,
+    pub ino: u64,
+    /// 0: the slot is free.
+    pub key: u32,
+    /// 1 when `stamp` vouches for the key's entries: every change to the file up to that stamp
+    /// was made by a participant that invalidated what it wrote.
+    pub vouched: u32,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+pub const FREE: u32 = 0;
+pub const FILLING: u32 = 1;
+pub const FULL: u32 = 2;
+
+#[repr(C)]
+pub struct RegionSlot {
+    /// FREE, FILLING (by `owner`) or FULL.
+    pub state: u32,
+    /// The participant slot that wrote (or is writing) the region.
+    pub owner: u32,
+    pub owner_pid: u32,
+    /// Entries listed (see `Tables::region`).
+    pub entries: u32,
+    /// Bumped at every claim and recovery: a claim made before is void.
+    pub epoch: u64,
+}
+
+/// Byte offsets of the parts, from a geometry.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    pub geometry: Geometry,
+    totals: usize,
+    participants: usize,
+    files: usize,
+    regions: usize,
+    pub stripes: usize,
+    buckets: usize,
+    entries: usize,
+    pub len: usize,
+}
+
+fn place<T>(at: &mut usize, count: usize) -> usize {
+    let start = at.next_multiple_of(64);
+    *at = start + count * std::mem::size_of::<T>();
+    start
+}
+
+impl Layout {
+    pub fn new(geometry: Geometry) -> Layout {
+        let regions = geometry.regions as usize;
+        let mut at = std::mem::size_of::<Header>();
+        let totals = place::<Totals>(&mut at, 1);
+        let participants = place::<Participant>(&mut at, MAX_PARTICIPANTS);
+        let files = place::<FileSlot>(&mut at, MAX_FILES);
+        let region_slots = place::<RegionSlot>(&mut at, regions);
+        let stripes = place::<AtomicU64>(&mut at, STRIPES);
+        let buckets = place::<u32>(&mut at, geometry.buckets as usize);
+        let entries = place::<Entry>(&mut at, regions * MAX_PER_REGION);
+        Layout {
+            geometry,
+            totals,
+            participants,
+            files,
+            regions: region_slots,
+            stripes,
+            buckets,
+            entries,
+            len: at.next_multiple_of(4096),
+        }
+    }
+}
+
+/// The locked parts of a segment, borrowed by the lock's holder.
+pub struct Tables<'a> {
+    pub totals: &'a mut Totals,
+    pub participants: &'a mut [Participant],
+    pub files: &'a mut [FileSlot],
+    pub regions: &'a mut [RegionSlot],
+    buckets: &'a mut [u32],
+    entries: &'a mut [Entry],
+    region_bytes: u64,
+}
+
+impl<'a> Tables<'a> {
+    /// The locked parts of the segment at `base`.
+    ///
+    /// # Safety
+    /// `base` is a live mapping of `layout.len` bytes laid out by `layout`, and the caller holds
+    /// its mutex for `'a` (so no other thread of any process touches these parts meanwhile), and
+    /// makes no other `Tables` of it for as long.
+    pub unsafe fn of(base: *mut u8, layout: &Layout) -> Tables<'a> {
+        let g = layout.geometry;
+        let slice = |off: usize, n: usize| (base.add(off), n);
+        let (p, n) = slice(layout.participants, MAX_PARTICIPANTS);
+        let participants = std::slice::from_raw_parts_mut(p as *mut Participant, n);
+        let (p, n) = slice(layout.files, MAX_FILES);
+        let files = std::slice::from_raw_parts_mut(p as *mut FileSlot, n);
+        let (p, n) = slice(layout.regions, g.regions as usize);
+        let regions = std::slice::from_raw_parts_mut(p as *mut RegionSlot, n);
+        let (p, n) = slice(layout.buckets, g.buckets as usize);
+        let buckets = std::slice::from_raw_parts_mut(p as *mut u32, n);
+        let (p, n) = slice(layout.entries, g.regions as usize * MAX_PER_REGION);
+        let entries = std::slice::from_raw_parts_mut(p as *mut Entry, n);
+        Tables {
+            totals: &mut *(base.add(layout.totals) as *mut Totals),
+            participants,
+            files,
+            regions,
+            buckets,
+            entries,
+            region_bytes: g.region_bytes,
+        }
+    }
+
+    /// Empties the index: every region free with a new epoch (voiding claims in flight), no
+    /// entry, no bucket. The file bindings stay (their keys are names, not state).
+    pub fn clear_index(&mut self) {
+        self.buckets.fill(0);
+        for r in self.regions.iter_mut() {
+            r.state = FREE;
+            r.entries = 0;
+            r.epoch += 1;
+        }
+        self.totals.len = 0;
+        self.totals.live_bytes = 0;
+    }
+
+    /// The index is sound: every bucket leads to a live entry its probe finds, and the counts
+    /// add up (tests and the crash tests' survivors).
+    pub fn check(&self) -> Result<(), String> {
+        let mut live = 0;
+        let mut bytes = 0;
+        for r in 0..self.regions.len() {
+            for (key, loc) in self.region_entries(r) {
+                live += 1;
+                bytes += loc.len as u64;
+                if self.lookup(key) != Some(loc) {
+                    return Err(format!(
+                        "entry {key:?} in region {r} is not found by its probe"
+                    ));
+                }
+            }
+        }
+        let used = self.buckets.iter().filter(|&&b| b != 0).count();
+        if (live, bytes, used) != (self.totals.len as usize, self.totals.live_bytes, live) {
+            return Err(format!(
+                "{live} live entries of {bytes} bytes, {used} buckets used; totals say {} of {}",
+                self.totals.len, self.totals.live_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl IndexStore for Tables<'_> {
+    fn buckets(&self) -> &[u32] {
+        self.buckets
+    }
+    fn buckets_mut(&mut self) -> &mut [u32] {
+        self.buckets
+    }
+    fn region(&self, region: usize) -> &[Entry] {
+        let n = self.regions[region].entries as usize;
+        &self.entries[region * MAX_PER_REGION..][..n]
+    }
+    fn region_mut(&mut self, region: usize) -> &mut [Entry] {
+        let n = self.regions[region].entries as usize;
+        &mut self.entries[region * MAX_PER_REGION..][..n]
+    }
+    fn push(&mut self, region: usize, entry: Entry) -> bool {
+        let n = self.regions[region].entries as usize;
+        if n >= MAX_PER_REGION {
+            return false;
+        }
+        self.entries[region * MAX_PER_REGION + n] = entry;
+        self.regions[region].entries += 1;
+        true
+    }
+    fn truncate(&mut self, region: usize) {
+        self.regions[region].entries = 0;
+    }
+    fn region_bytes(&self) -> u64 {
+        self.region_bytes
+    }
+    fn len(&self) -> usize {
+        self.totals.len as usize
+    }
+    fn live_bytes(&self) -> u64 {
+        self.totals.live_bytes
+    }
+    fn count(&mut self, entries: isize, bytes: i64) {
+        self.totals.len = self.totals.len.wrapping_add_signed(entries as i64);
+        self.totals.live_bytes = self.totals.live_bytes.wrapping_add_signed(bytes);
+    }
+}

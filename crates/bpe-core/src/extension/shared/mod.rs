@@ -1,0 +1,622 @@
+//! One extension for all the processes of a user on a machine: the ring stays one file, and
+//! its index moves into shared memory, where every participating process finds what any of them
+//! wrote. This module is the protocol; each process keeps its own writer, its own L1 and its
+//! own change detection (see docs/DESIGN.md, "One extension for all processes").
+//!
+//! **Who is attached.** Each participant holds an exclusive open-file-description lock on its
+//! own byte of the extension file (byte 1 + its slot); the kernel drops it when the process
+//! dies, however it dies. Attaching and detaching hold the admin byte (65), so that the last
+//! one to leave, and only it, deletes the file and the shared memory.
+//!
+//! **The lock.** Every change to the index, and every lookup, holds one robust process-shared
+//! mutex for a few hundred nanoseconds (no I/O under it, bar a liveness probe when a claim
+//! meets a region another process is filling). A holder that dies mid-change leaves the table
+//! half changed; the next locker is told (`EOWNERDEAD`) and empties the index: a cache flush,
+//! which costs hits, never a stale page. L2 is behind an SSD read anyway, so one lock per
+//! lookup is not what bounds it.
+//!
+//! **Names.** Pages are named by a shared key per data file, handed out from one counter in
+//! the segment and never reused: `(dev, ino)` maps to the file's current key. Forgetting all of
+//! a file is giving it a new key, in O(1), for every process at once.
+//!
+//! **Never a stale page.** A process that has not watched a file (it opens it for the first
+//! time, or its own change detection could not explain a change) binds it with the file's stamp:
+//! the key is kept only if the stamp is the one the segment vouches for, i.e. the stamp left by
+//! a participant's own write, every page of which it invalidated. Writes invalidate by page: a
+//! write bumps the page's stripe of write epochs and removes its entry both before and after the
+//! bytes go to the file. A page read from the data file is admitted only if its stripe is where
+//! it was before the read, and its file's key has not moved: any write that overlapped or
+//! followed the read voids the admission, and a write that follows the admission removes it.
+//!
+//! **Regions.** A writer claims the ring's next region under the lock (forgetting what it held,
+//! bumping its epoch), writes a batch into it, and only then publishes the batch's entries, if
+//! its claim still stands. A region left `FILLING` by a process that died is claimed by the next
+//! writer that comes round to it. Reads check each page's crc32c (its number and bytes): a
+//! region reused under a reader is a miss.
+
+mod layout;
+
+pub use layout::{Geometry, MAX_PARTICIPANTS};
+
+use super::index::IndexStore;
+pub use super::index::{page_crc, Location};
+use crate::files::KnownStamp;
+use crate::io::ofd;
+use crate::io::shared_memory::{Locked, SharedMemory};
+use crate::io::FileIdentity;
+use crate::page::{FileKey, PageKey};
+use crate::{Error, Result};
+use layout::{Header, Layout, Tables, FILLING, FREE, FULL, MAGIC, STRIPES};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// The extension file's byte a participant in slot `i` locks.
+const fn participant_byte(slot: usize) -> u64 {
+    1 + slot as u64
+}
+/// Held while attaching and detaching.
+const ADMIN_BYTE: u64 = 1 + MAX_PARTICIPANTS as u64;
+
+/// A data file as the shared index names it now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedFile {
+    pub slot: u32,
+    pub key: FileKey,
+}
+
+/// What a lookup found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Found {
+    Hit(SharedHit),
+    Miss,
+    /// The file's key moved on (another process forgot the file): `follow` it.
+    Moved,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedHit {
+    pub location: Location,
+    /// The process whose writer put the page there.
+    pub loader_pid: u32,
+    pub mine: bool,
+}
+
+/// A page written into a claimed region, to be published.
+#[derive(Clone, Copy, Debug)]
+pub struct Admission {
+    pub file: SharedFile,
+    pub page: u64,
+    /// Byte offset within the region.
+    pub offset: usize,
+    pub len: usize,
+    pub crc: u32,
+    /// The page's write epoch read before its bytes were read from the data file.
+    pub epoch: u64,
+}
+
+/// A region this process's writer may fill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub region: usize,
+    epoch: u64,
+    /// Pages the region held (the ring's oldest), now forgotten.
+    pub evicted: usize,
+}
+
+/// The shared index as one process sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SharedStats {
+    pub pages: u64,
+    pub bytes: u64,
+    pub participants: usize,
+    pub recoveries: u64,
+    /// RAM the shared memory takes (once for all processes).
+    pub resident_bytes: u64,
+}
+
+pub struct SharedIndex {
+    mem: SharedMemory,
+    layout: Layout,
+    /// This process's own open description of the extension file: its participant lock.
+    locks: File,
+    me: usize,
+    pid: u32,
+    /// Set if the mutex can never be taken again; every call then misses or refuses.
+    broken: AtomicBool,
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> Error {
+    Error::BadExtensionPath {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// The shared memory of the extension file (dev, ino).
+pub fn memory_path(identity: FileIdentity) -> Option<PathBuf> {
+    SharedMemory::path_of(&format!(
+        "extension-{}-{}.shared",
+        identity.dev, identity.ino
+    ))
+}
+
+struct Guard<'a> {
+    index: &'a SharedIndex,
+    tables: Tables<'a>,
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // A change may be half done: leave an empty index rather than a broken one.
+            self.tables.clear_index();
+        }
+        self.index.header().mutex.unlock();
+    }
+}
+
+impl SharedIndex {
+    /// Joins the shared extension whose file is at `path` (created by the caller), creating its
+    /// shared memory if this is the first participant. Refused with a reason if the file is not
+    /// there, the shared memory is not this user's, the processes attached use another
+    /// geometry, or 64 processes are attached.
+    pub fn attach(path: &Path, geometry: Geometry) -> Result<SharedIndex> {
+        let locks = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| bad(path, format!("cannot open it to attach: {e}")))?;
+        if !ofd::exclusive_wait(&locks, ADMIN_BYTE) {
+            return Err(bad(path, "cannot lock it to attach"));
+        }
+        let attached = Self::attach_locked(path, geometry, locks);
+        if let Ok(index) = &attached {
+            ofd::release(&index.locks, ADMIN_BYTE);
+        }
+        attached
+    }
+
+    fn attach_locked(path: &Path, geometry: Geometry, locks: File) -> Result<SharedIndex> {
+        let meta = locks.metadata().map_err(|e| bad(path, e.to_string()))?;
+        let now = std::fs::symlink_metadata(path).map_err(|e| bad(path, e.to_string()))?;
+        if (now.dev(), now.ino()) != (meta.dev(), meta.ino()) {
+            return Err(bad(path, "it was replaced while attaching"));
+        }
+        let identity = FileIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        };
+        let shm = memory_path(identity)
+            .ok_or_else(|| bad(path, "this user's shared memory directory is not private"))?;
+        let others = (0..MAX_PARTICIPANTS)
+            .filter(|&i| ofd::held_elsewhere(&locks, participant_byte(i)))
+            .count();
+        let layout = Layout::new(geometry);
+        let mem = SharedMemory::open(&shm, layout.len)
+            .map_err(|e| bad(path, format!("its shared memory {}: {e}", shm.display())))?;
+        let me = (0..MAX_PARTICIPANTS)
+            .find(|&i| ofd::try_exclusive(&locks, participant_byte(i)))
+            .ok_or_else(|| {
+                bad(
+                    path,
+                    format!("{MAX_PARTICIPANTS} processes share it already"),
+                )
+            })?;
+        let index = SharedIndex {
+            mem,
+            layout,
+            locks,
+            me,
+            pid: std::process::id(),
+            broken: AtomicBool::new(false),
+        };
+        let header = index.header();
+        let valid = header.magic.load(Ordering::Acquire) == MAGIC && header.geometry == geometry;
+        if valid && others == 0 {
+            // Left by processes that are all gone: its index is kept (bindings check stamps),
+            // its list of who is attached is not.
+            if let Some(g) = index.lock() {
+                g.tables
+                    .participants
+                    .iter_mut()
+                    .for_each(|p| p.attached = 0);
+            }
+        }
+        if !valid {
+            if others > 0 {
+                return Err(bad(
+                    path,
+                    format!(
+                        "the {others} processes attached to it use another extension size or \
+                         version; detach them first"
+                    ),
+                ));
+            }
+            index.initialize()?;
+        }
+        let Some(g) = index.lock() else {
+            return Err(bad(path, "its shared memory's lock is unusable"));
+        };
+        g.tables.participants[me].pid = index.pid;
+        g.tables.participants[me].attached = 1;
+        drop(g);
+        Ok(index)
+    }
+
+    /// Lays out a new segment (nobody else is attached; the admin byte is held).
+    fn initialize(&self) -> Result<()> {
+        let failed = |e: std::io::Error| bad(self.mem.path(), format!("cannot initialize: {e}"));
+        self.mem.zero().map_err(failed)?;
+        let base = self.mem.base().as_ptr();
+        // SAFETY: the mapping is at least a Header long and page-aligned; nobody else maps it
+        // while the admin byte is held and no participant is attached, so the plain writes to
+        // the geometry and the mutex's init race with nothing. The magic, written last with
+        // Release, publishes them.
+        unsafe {
+            let header = &mut *(base as *mut Header);
+            header.geometry = self.layout.geometry;
+            header.mutex.init().map_err(failed)?;
+            let t = Tables::of(base, &self.layout);
+            t.totals.next_key = 1;
+            header.magic.store(MAGIC, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping starts with a Header (page-aligned); after initialization its
+        // geometry is never written again, its magic is atomic, and its mutex is only used
+        // through pthread calls.
+        unsafe { &*(self.mem.base().as_ptr() as *const Header) }
+    }
+
+    fn stripes(&self) -> &[AtomicU64] {
+        // SAFETY: the layout places STRIPES atomics at this offset, inside the mapping; atomics
+        // may be shared with any thread of any process.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.mem.base().as_ptr().add(self.layout.stripes) as *const AtomicU64,
+                STRIPES,
+            )
+        }
+    }
+
+    fn lock(&self) -> Option<Guard<'_>> {
+        if self.broken.load(Ordering::Relaxed) {
+            return None;
+        }
+        let found = match self.header().mutex.lock() {
+            Ok(found) => found,
+            Err(e) => {
+                log::error!("shared buffer pool extension: its lock is unusable ({e}); missing");
+                self.broken.store(true, Ordering::Relaxed);
+                return None;
+            }
+        };
+        // SAFETY: the mapping is laid out by self.layout and this thread now holds its mutex;
+        // the guard is the only Tables made from it until it unlocks.
+        let tables = unsafe { Tables::of(self.mem.base().as_ptr(), &self.layout) };
+        let mut g = Guard {
+            index: self,
+            tables,
+        };
+        if found == Locked::OwnerDied {
+            // Its holder died mid-change: the table may be half changed. Start it afresh.
+            g.tables.clear_index();
+            g.tables.totals.recoveries += 1;
+            log::warn!(
+                "shared buffer pool extension: a process died holding its lock; index emptied"
+            );
+        }
+        Some(g)
+    }
+
+    /// This process's participant slot.
+    pub fn slot(&self) -> usize {
+        self.me
+    }
+
+    /// Other processes attached now.
+    pub fn others_attached(&self) -> usize {
+        (0..MAX_PARTICIPANTS)
+            .filter(|&i| i != self.me && ofd::held_elsewhere(&self.locks, participant_byte(i)))
+            .count()
+    }
+
+    /// Leaves the shared extension. The last participant to leave removes the shared memory
+    /// and runs `on_last` (which deletes the extension file) before anyone can attach again.
+    /// Returns whether this was the last.
+    pub fn detach(self, on_last: impl FnOnce()) -> bool {
+        let admin = ofd::exclusive_wait(&self.locks, ADMIN_BYTE);
+        if let Some(g) = self.lock() {
+            g.tables.participants[self.me].attached = 0;
+            for r in g.tables.regions.iter_mut() {
+                if r.state == FILLING && r.owner as usize == self.me {
+                    r.state = FREE;
+                }
+            }
+        }
+        ofd::release(&self.locks, participant_byte(self.me));
+        let last = admin
+            && !(0..MAX_PARTICIPANTS)
+                .any(|i| ofd::held_elsewhere(&self.locks, participant_byte(i)));
+        if last {
+            self.mem.unlink();
+            on_last();
+        }
+        if admin {
+            ofd::release(&self.locks, ADMIN_BYTE);
+        }
+        last
+    }
+
+    /// Binds a file this process has not been watching: the key its pages are shared under.
+    /// The current key is kept only if `stamp` is the one the segment vouches for; otherwise
+    /// the file gets a new key (nothing cached for it is served) and, if the stamp can vouch
+    /// (not racy), it is recorded. None only if the lock is unusable.
+    pub fn bind(&self, stamp: KnownStamp) -> Option<SharedFile> {
+        let id = stamp.stamp.identity;
+        let mut g = self.lock()?;
+        let t = &mut g.tables;
+        let found = t
+            .files
+            .iter()
+            .position(|f| f.key != 0 && (f.dev, f.ino) == (id.dev, id.ino));
+        let slot = match found {
+            Some(slot) => {
+                let f = &t.files[slot];
+                let same = f.vouched == 1
+                    && (f.size, f.mtime_ns, f.ctime_ns)
+                        == (stamp.stamp.size, stamp.stamp.mtime_ns, stamp.stamp.ctime_ns);
+                if same && !stamp.racy {
+                    return Some(SharedFile {
+                        slot: slot as u32,
+                        key: f.key,
+                    });
+                }
+                slot
+            }
+            None => {
+                // A free slot, else the one with the oldest key (its pages become unreachable).
+                let free = t.files.iter().position(|f| f.key == 0);
+                free.unwrap_or_else(|| {
+                    (0..t.files.len())
+                        .min_by_key(|&i| t.files[i].key)
+                        .expect("files")
+                })
+            }
+        };
+        let key = new_key(t);
+        let f = &mut t.files[slot];
+        (f.dev, f.ino, f.key) = (id.dev, id.ino, key);
+        record_stamp(f, stamp);
+        Some(SharedFile {
+            slot: slot as u32,
+            key,
+        })
+    }
+
+    /// The file's current key, for a process that has been watching it (its own change
+    /// detection vouches for its reads) after another process moved the key on. None if the
+    /// slot now holds another file: bind it afresh.
+    pub fn follow(&self, file: SharedFile, id: FileIdentity) -> Option<SharedFile> {
+        let g = self.lock()?;
+        let f = &g.tables.files[file.slot as usize];
+        ((f.dev, f.ino) == (id.dev, id.ino) && f.key != 0).then_some(SharedFile {
+            slot: file.slot,
+            key: f.key,
+        })
+    }
+
+    /// Records the stamp this process's own writes left (under the database lock they were made
+    /// under): it vouches for the file's entries to the next process that binds it.
+    pub fn vouch(&self, file: SharedFile, stamp: KnownStamp) {
+        if let Some(g) = self.lock() {
+            let f = &mut g.tables.files[file.slot as usize];
+            if f.key == file.key {
+                record_stamp(f, stamp);
+            }
+        }
+    }
+
+    /// Forgets every page of the file, for every process (a truncation, a change nobody can
+    /// attribute). Returns its new name.
+    pub fn forget_file(&self, file: SharedFile) -> Option<SharedFile> {
+        let mut g = self.lock()?;
+        let t = &mut g.tables;
+        if t.files[file.slot as usize].key != file.key {
+            return None;
+        }
+        let key = new_key(t);
+        let f = &mut t.files[file.slot as usize];
+        f.key = key;
+        f.vouched = 0;
+        Some(SharedFile {
+            slot: file.slot,
+            key,
+        })
+    }
+
+    fn stripe(&self, file: SharedFile, page: u64) -> &AtomicU64 {
+        let h = (file.slot as u64) << 40 ^ page;
+        let h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        &self.stripes()[(h >> 50) as usize % STRIPES]
+    }
+
+    /// The page's write epoch: read it before reading the page from the data file, and admit
+    /// the page with it.
+    pub fn epoch(&self, file: SharedFile, page: u64) -> u64 {
+        self.stripe(file, page).load(Ordering::SeqCst)
+    }
+
+    /// Invalidates the page for every process: called before its bytes go to the data file and
+    /// again after (a read that overlapped the write cannot be admitted either way).
+    pub fn invalidate(&self, file: SharedFile, page: u64) {
+        self.stripe(file, page).fetch_add(1, Ordering::SeqCst);
+        if let Some(mut g) = self.lock() {
+            let key = g.tables.files[file.slot as usize].key;
+            g.tables.remove(PageKey::new(key, page));
+        }
+    }
+
+    /// Where the page is cached, if it is. The caller reads it and checks it against the crc.
+    pub fn lookup(&self, file: SharedFile, page: u64) -> Found {
+        let Some(g) = self.lock() else {
+            return Found::Miss;
+        };
+        let t = &g.tables;
+        if t.files[file.slot as usize].key != file.key {
+            return Found::Moved;
+        }
+        let Some(location) = t.lookup(PageKey::new(file.key, page)) else {
+            return Found::Miss;
+        };
+        let region = &t.regions[(location.offset / t.region_bytes()) as usize];
+        Found::Hit(SharedHit {
+            location,
+            loader_pid: region.owner_pid,
+            mine: region.owner as usize == self.me && region.owner_pid == self.pid,
+        })
+    }
+
+    /// Removes the page's entry if it still is `location` (its read failed its checksum).
+    pub fn drop_if(&self, file: SharedFile, page: u64, location: Location) -> bool {
+        let Some(mut g) = self.lock() else {
+            return false;
+        };
+        let key = PageKey::new(file.key, page);
+        if g.tables.lookup(key) == Some(location) {
+            g.tables.remove(key);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Claims the ring's next region for this process's writer, forgetting what it held. A
+    /// region another live process is filling is passed over; one left filling by a dead
+    /// process is taken. None if every region is being filled (or the lock is unusable).
+    pub fn claim_region(&self) -> Option<Claim> {
+        let mut g = self.lock()?;
+        let regions = g.tables.regions.len();
+        let head = g.tables.totals.ring_head as usize;
+        for step in 0..regions {
+            let r = (head + step) % regions;
+            let slot = &g.tables.regions[r];
+            if slot.state == FILLING
+                && slot.owner as usize != self.me
+                && ofd::held_elsewhere(&self.locks, participant_byte(slot.owner as usize))
+            {
+                continue;
+            }
+            let evicted = g.tables.clear_region(r);
+            let slot = &mut g.tables.regions[r];
+            slot.state = FILLING;
+            slot.owner = self.me as u32;
+            slot.owner_pid = self.pid;
+            slot.epoch += 1;
+            let epoch = slot.epoch;
+            g.tables.totals.ring_head = ((r + 1) % regions) as u64;
+            return Some(Claim {
+                region: r,
+                epoch,
+                evicted,
+            });
+        }
+        None
+    }
+
+    /// Publishes pages written into the claimed region: each one whose file key and write epoch
+    /// are unchanged since its read is indexed. Returns how many were; none if the claim was
+    /// voided (a recovery emptied the index meanwhile).
+    pub fn publish(&self, claim: Claim, pages: &[Admission]) -> usize {
+        let Some(mut g) = self.lock() else {
+            return 0;
+        };
+        if !self.holds(&g.tables, claim) {
+            return 0;
+        }
+        let mut indexed = 0;
+        for a in pages {
+            let current = g.tables.files[a.file.slot as usize].key == a.file.key
+                && self.epoch(a.file, a.page) == a.epoch;
+            if current
+                && g.tables.insert_entry(
+                    PageKey::new(a.file.key, a.page),
+                    claim.region,
+                    a.offset,
+                    a.len,
+                    a.crc,
+                    false,
+                )
+            {
+                indexed += 1;
+            }
+        }
+        indexed
+    }
+
+    fn holds(&self, t: &Tables<'_>, claim: Claim) -> bool {
+        let r = &t.regions[claim.region];
+        r.state == FILLING && r.owner as usize == self.me && r.epoch == claim.epoch
+    }
+
+    /// The writer is done with the region (it is full, or the writer stops).
+    pub fn seal(&self, claim: Claim) {
+        if let Some(g) = self.lock() {
+            if self.holds(&g.tables, claim) {
+                g.tables.regions[claim.region].state = FULL;
+            }
+        }
+    }
+
+    pub fn stats(&self) -> SharedStats {
+        let resident_bytes = self.mem.resident_bytes();
+        let Some(g) = self.lock() else {
+            return SharedStats::default();
+        };
+        let t = &g.tables;
+        SharedStats {
+            pages: t.totals.len,
+            bytes: t.totals.live_bytes,
+            participants: 1 + self.others_attached(),
+            recoveries: t.totals.recoveries,
+            resident_bytes,
+        }
+    }
+
+    /// Checks the index is sound (tests, and survivors in the crash tests).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        match self.lock() {
+            Some(g) => g.tables.check(),
+            None => Err("the lock is unusable".into()),
+        }
+    }
+}
+
+fn record_stamp(f: &mut layout::FileSlot, stamp: KnownStamp) {
+    let s = stamp.stamp;
+    (f.size, f.mtime_ns, f.ctime_ns) = (s.size, s.mtime_ns, s.ctime_ns);
+    f.vouched = u32::from(!stamp.racy);
+}
+
+/// A key never used in this segment. Near the end of the key space the index is emptied and
+/// every file renamed from 1 on, as `Engine::renumber_if_keys_run_out` does for its own keys.
+fn new_key(t: &mut Tables<'_>) -> FileKey {
+    if t.totals.next_key >= u32::MAX as u64 - 1 {
+        t.clear_index();
+        for f in t.files.iter_mut() {
+            f.key = 0;
+        }
+        t.totals.next_key = 1;
+    }
+    let key = t.totals.next_key as FileKey;
+    t.totals.next_key += 1;
+    key
+}
+
+#[cfg(test)]
+mod tests;

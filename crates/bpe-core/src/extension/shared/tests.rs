@@ -1,0 +1,346 @@
+//! The protocol's steps, with participants as separate open descriptions of one extension file
+//! in one process (OFD locks conflict between descriptions as between processes). The crash
+//! tests with real processes are in tests/shared_extension.rs.
+
+use super::*;
+use crate::io::FileStamp;
+
+const REGION: u64 = crate::config::EXTENSION_BATCH_BYTES as u64;
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ext.bpe");
+    std::fs::write(&path, b"").unwrap();
+    Setup { _dir: dir, path }
+}
+
+fn geometry() -> Geometry {
+    Geometry::new(4, REGION)
+}
+
+fn stamp(ino: u64, mtime_ns: i64, racy: bool) -> KnownStamp {
+    KnownStamp {
+        stamp: FileStamp {
+            identity: FileIdentity { dev: 1, ino },
+            size: 8192,
+            mtime_ns,
+            ctime_ns: mtime_ns,
+        },
+        racy,
+    }
+}
+
+fn admit(index: &SharedIndex, claim: Claim, file: SharedFile, page: u64, epoch: u64) -> usize {
+    let a = Admission {
+        file,
+        page,
+        offset: page as usize * 4096,
+        len: 4096,
+        crc: page as u32,
+        epoch,
+    };
+    index.publish(claim, &[a])
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if let Ok(m) = std::fs::metadata(&self.path) {
+            if let Some(p) = memory_path(FileIdentity {
+                dev: m.dev(),
+                ino: m.ino(),
+            }) {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_page_one_process_admitted_is_found_by_another() {
+    let s = setup();
+    let a = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let b = SharedIndex::attach(&s.path, geometry()).unwrap();
+    assert_ne!(a.slot(), b.slot());
+    assert_eq!(a.others_attached(), 1);
+    let fa = a.bind(stamp(7, 100, false)).unwrap();
+    let fb = b.bind(stamp(7, 100, false)).unwrap();
+    assert_eq!(fa, fb, "the vouched stamp keeps the key");
+    let claim = a.claim_region().unwrap();
+    assert_eq!(admit(&a, claim, fa, 3, a.epoch(fa, 3)), 1);
+    match b.lookup(fb, 3) {
+        Found::Hit(hit) => {
+            assert!(!hit.mine, "b did not load it");
+            assert_eq!(hit.location.offset, claim.region as u64 * REGION + 3 * 4096);
+            assert_eq!(hit.location.crc, 3);
+        }
+        other => panic!("expected a hit, got {other:?}"),
+    }
+    assert!(matches!(a.lookup(fa, 3), Found::Hit(h) if h.mine));
+    assert_eq!(b.stats().pages, 1);
+    a.check().unwrap();
+}
+
+#[test]
+fn a_stamp_nobody_vouched_for_forgets_the_file_for_everyone() {
+    let s = setup();
+    let a = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let b = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let fa = a.bind(stamp(7, 100, false)).unwrap();
+    let claim = a.claim_region().unwrap();
+    admit(&a, claim, fa, 1, a.epoch(fa, 1));
+    // b opens the file after a change no participant made: the stamp differs.
+    let fb = b.bind(stamp(7, 200, false)).unwrap();
+    assert_ne!(fb.key, fa.key);
+    assert_eq!(b.lookup(fb, 1), Found::Miss);
+    // a's name is stale: it follows (its own change detection vouches for its reads).
+    assert_eq!(a.lookup(fa, 1), Found::Moved);
+    assert_eq!(a.follow(fa, FileIdentity { dev: 1, ino: 7 }), Some(fb));
+    // An admission under the old name is refused.
+    assert_eq!(admit(&a, claim, fa, 2, a.epoch(fa, 2)), 0);
+    // A racy stamp never vouches: the next binder cannot keep the key.
+    let c = SharedIndex::attach(&s.path, geometry()).unwrap();
+    c.vouch(fb, stamp(7, 300, true));
+    assert_ne!(c.bind(stamp(7, 300, false)).unwrap().key, fb.key);
+}
+
+#[test]
+fn a_write_voids_an_admission_read_before_it_and_removes_one_made_after() {
+    let s = setup();
+    let a = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let b = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let f = a.bind(stamp(9, 100, false)).unwrap();
+    let claim = a.claim_region().unwrap();
+    let before = a.epoch(f, 5);
+    b.invalidate(f, 5); // b writes page 5 while a's copy waits for its writer
+    assert_eq!(admit(&a, claim, f, 5, before), 0, "read before the write");
+    assert_eq!(admit(&a, claim, f, 5, a.epoch(f, 5)), 1, "read after it");
+    b.invalidate(f, 5);
+    assert_eq!(a.lookup(f, 5), Found::Miss, "a later write removes it");
+    // Other pages are untouched (unless they share a stripe: then conservatively refused).
+    assert_eq!(admit(&a, claim, f, 6, a.epoch(f, 6)), 1);
+    b.forget_file(f).unwrap();
+    assert_eq!(a.lookup(f, 6), Found::Moved);
+}
+
+#[test]
+fn claims_pass_over_a_live_writer_and_take_a_dead_ones_region() {
+    let s = setup();
+    let a = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let b = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let f = a.bind(stamp(9, 100, false)).unwrap();
+    let ca = a.claim_region().unwrap();
+    admit(&a, ca, f, 1, a.epoch(f, 1));
+    let cb = b.claim_region().unwrap();
+    assert_ne!(ca.region, cb.region);
+    // b goes round the ring: it never takes a's region while a lives.
+    for _ in 0..6 {
+        let c = b.claim_region().unwrap();
+        assert_ne!(c.region, ca.region);
+        b.seal(c);
+    }
+    // a dies (its description closes: the kernel drops its lock) with its region filling.
+    drop(a);
+    let taken = (0..4).find_map(|_| {
+        let c = b.claim_region().unwrap();
+        (c.region == ca.region).then_some(c)
+    });
+    assert_eq!(
+        taken.map(|c| c.evicted),
+        Some(1),
+        "a's region is reused, its page forgotten"
+    );
+    b.check().unwrap();
+}
+
+#[test]
+fn a_voided_claim_publishes_nothing() {
+    let s = setup();
+    let a = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let f = a.bind(stamp(9, 100, false)).unwrap();
+    let c = a.claim_region().unwrap();
+    a.lock().unwrap().tables.clear_index(); // what a recovery does
+    assert_eq!(admit(&a, c, f, 1, a.epoch(f, 1)), 0);
+}
+
+#[test]
+fn the_last_to_detach_removes_everything_and_only_it() {
+    let s = setup();
+    let a = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let b = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let shm = a.mem.path().to_path_buf();
+    let mut removed = false;
+    assert!(!a.detach(|| removed = true));
+    assert!(!removed && shm.exists());
+    assert!(b.detach(|| removed = true));
+    assert!(removed && !shm.exists());
+}
+
+#[test]
+fn another_geometry_is_refused_while_others_are_attached() {
+    let s = setup();
+    let a = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let err = SharedIndex::attach(&s.path, Geometry::new(8, REGION))
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("another extension size"), "{err}");
+    assert_eq!(
+        a.others_attached(),
+        0,
+        "the refused process left no slot behind"
+    );
+    // Alone, a segment left with another geometry is laid out afresh.
+    drop(a);
+    let b = SharedIndex::attach(&s.path, Geometry::new(8, REGION)).unwrap();
+    assert_eq!(b.stats().pages, 0);
+}
+
+#[test]
+fn a_process_that_dies_holding_the_lock_costs_the_index_not_the_others() {
+    let s = setup();
+    let a = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let f = a.bind(stamp(9, 100, false)).unwrap();
+    let c = a.claim_region().unwrap();
+    admit(&a, c, f, 1, a.epoch(f, 1));
+    // SAFETY: the child only takes the lock and exits at once (no allocation, no other lock).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let g = a.lock();
+        std::mem::forget(g);
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(a.lookup(f, 1), Found::Miss, "the index was emptied");
+    assert_eq!(a.stats().recoveries, 1);
+    a.check().unwrap();
+    let c = a.claim_region().unwrap();
+    assert_eq!(admit(&a, c, f, 1, a.epoch(f, 1)), 1, "and works on");
+}
+
+/// A seeded simulation of the protocol: three participants (separate attachments) take random
+/// steps in every order SQLite's locks allow, against a model data file. A writer's three steps
+/// (invalidate, write, invalidate) may interleave with reads that hold no lock (readahead does
+/// that) and with publications of pages staged at any time before; a participant may die (its
+/// claim left filling) and another attach. Every lookup made under the shared lock must find the
+/// model's current version. An entry's crc stands for its bytes: here, the version read.
+#[test]
+fn seeded_interleavings_never_serve_a_stale_page() {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    const PAGES: u64 = 12;
+    for seed in 0..300u64 {
+        let s = setup();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut versions = vec![0u64; PAGES as usize];
+        let mut parts: Vec<Sim> = (0..3).map(|_| Sim::attach(&s.path)).collect();
+        // (writer, page, next step 0..3)
+        let mut writing: Option<(usize, u64, u8)> = None;
+        for _ in 0..400 {
+            let who = rng.gen_range(0..parts.len());
+            let page = rng.gen_range(0..PAGES);
+            match rng.gen_range(0..10) {
+                0 | 1 => {
+                    // A step of the write in progress, or a new write (EXCLUSIVE: no other).
+                    let (w, p, step) = writing.unwrap_or((who, page, 0));
+                    let part = &parts[w];
+                    match step {
+                        0 | 2 => part.index.invalidate(part.file, p),
+                        _ => versions[p as usize] += 1,
+                    }
+                    writing = (step < 2).then_some((w, p, step + 1));
+                }
+                2..=4 if writing.is_none() => {
+                    // A read under SHARED: a hit must be current; a miss stages the page.
+                    let part = &mut parts[who];
+                    match part.index.lookup(part.file, page) {
+                        Found::Hit(hit) => assert_eq!(
+                            hit.location.crc as u64, versions[page as usize],
+                            "seed {seed}: page {page} served stale"
+                        ),
+                        Found::Moved => unreachable!("nobody forgets the file here"),
+                        Found::Miss => {
+                            let epoch = part.index.epoch(part.file, page);
+                            part.staged.push((page, epoch, versions[page as usize]));
+                        }
+                    }
+                }
+                5 => {
+                    // Readahead: a read that holds no lock, so it may overlap a write.
+                    let part = &mut parts[who];
+                    let epoch = part.index.epoch(part.file, page);
+                    part.staged.push((page, epoch, versions[page as usize]));
+                }
+                6 | 7 => parts[who].publish(),
+                8 if rng.gen_bool(0.1) => {
+                    // Dies (its claim left filling) and another process attaches. A writer
+                    // dying mid-write leaves the bytes it wrote; nothing more is invalidated.
+                    if writing.is_some_and(|(w, _, _)| w == who) {
+                        writing = None;
+                    }
+                    parts[who] = Sim::attach(&s.path);
+                }
+                _ => {}
+            }
+        }
+        parts[0].index.check().unwrap();
+    }
+}
+
+struct Sim {
+    index: SharedIndex,
+    file: SharedFile,
+    /// (page, epoch before the read, version read)
+    staged: Vec<(u64, u64, u64)>,
+    claim: Option<Claim>,
+    fill: usize,
+}
+
+impl Sim {
+    fn attach(path: &Path) -> Sim {
+        let index = SharedIndex::attach(path, geometry()).unwrap();
+        let file = index.bind(stamp(5, 100, false)).unwrap();
+        Sim {
+            index,
+            file,
+            staged: Vec::new(),
+            claim: None,
+            fill: 0,
+        }
+    }
+
+    /// The writer thread's step: what is staged goes into the claimed region and is published.
+    fn publish(&mut self) {
+        if self.claim.is_none() || self.fill + self.staged.len() * 4096 > REGION as usize {
+            if let Some(c) = self.claim.take() {
+                self.index.seal(c);
+            }
+            self.claim = self.index.claim_region();
+            self.fill = 0;
+        }
+        let Some(claim) = self.claim else {
+            return self.staged.clear();
+        };
+        let pages: Vec<Admission> = self
+            .staged
+            .drain(..)
+            .map(|(page, epoch, version)| {
+                self.fill += 4096;
+                Admission {
+                    file: self.file,
+                    page,
+                    offset: self.fill - 4096,
+                    len: 4096,
+                    crc: version as u32,
+                    epoch,
+                }
+            })
+            .collect();
+        self.index.publish(claim, &pages);
+    }
+}

@@ -1,0 +1,58 @@
+//! Open-file-description byte locks: the kernel drops them when the last descriptor of their
+//! open file description closes, however the process ends (a SIGKILL included), so "is the
+//! holder alive" is a lock probe, with no heartbeat to tune and no pid reuse to fear. Unlike
+//! classic POSIX record locks they belong to the descriptor, not the process: closing another
+//! descriptor of the same file does not drop them, and two descriptions in one process conflict
+//! like two processes (which the tests use).
+
+use std::fs::File;
+use std::os::unix::io::AsRawFd;
+
+fn request(kind: libc::c_int, byte: u64) -> libc::flock {
+    // SAFETY: flock is plain data; zeroed is a valid value to fill in.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    fl.l_start = byte as libc::off_t;
+    fl.l_len = 1;
+    fl
+}
+
+fn set(file: &File, cmd: libc::c_int, kind: libc::c_int, byte: u64) -> bool {
+    let fl = request(kind, byte);
+    loop {
+        // SAFETY: the descriptor is open for the call (borrowed from `file`); fl is a valid flock.
+        if unsafe { libc::fcntl(file.as_raw_fd(), cmd, &fl) } == 0 {
+            return true;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return false;
+        }
+    }
+}
+
+/// Takes an exclusive lock on `byte` if no other description holds one; false otherwise.
+pub fn try_exclusive(file: &File, byte: u64) -> bool {
+    set(file, libc::F_OFD_SETLK, libc::F_WRLCK, byte)
+}
+
+/// Takes an exclusive lock on `byte`, waiting for other holders to release it (or die).
+pub fn exclusive_wait(file: &File, byte: u64) -> bool {
+    set(file, libc::F_OFD_SETLKW, libc::F_WRLCK, byte)
+}
+
+/// Releases this description's lock on `byte`, if it holds one.
+pub fn release(file: &File, byte: u64) {
+    set(file, libc::F_OFD_SETLK, libc::F_UNLCK, byte);
+}
+
+/// Whether another open file description (another process's, while it lives) holds any lock on
+/// `byte`. A probe that fails answers "held": the caller then leaves things alone.
+pub fn held_elsewhere(file: &File, byte: u64) -> bool {
+    let mut fl = request(libc::F_WRLCK, byte);
+    // SAFETY: the descriptor is open for the call; fl is a valid flock F_OFD_GETLK fills in.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) } != 0 {
+        return true;
+    }
+    fl.l_type as libc::c_int != libc::F_UNLCK
+}

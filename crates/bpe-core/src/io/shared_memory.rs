@@ -1,0 +1,182 @@
+//! Memory shared by the processes of one user: a file in the user's private directory under
+//! /dev/shm (0700, the file 0600), mapped read-write, and a robust process-shared mutex to put
+//! in it. What lives in the mapping and how it is used is the caller's (see
+//! `extension/shared`); this module is the FFI edge: the mapping's lifetime and the pthread
+//! calls.
+
+use std::cell::UnsafeCell;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+
+/// A file of shared memory, mapped.
+pub struct SharedMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+    path: PathBuf,
+    file: File,
+}
+
+// SAFETY: the mapping is plain memory valid for the life of `self` in every thread; what is
+// stored in it is made of atomics or guarded by a process-shared mutex by its users.
+unsafe impl Send for SharedMemory {}
+// SAFETY: as above.
+unsafe impl Sync for SharedMemory {}
+
+impl SharedMemory {
+    /// The path of the shared memory named `name` (in this user's private directory).
+    pub fn path_of(name: &str) -> Option<PathBuf> {
+        crate::published::own_directory().map(|d| d.join(name))
+    }
+
+    /// Opens (creating if missing) the shared memory at `path`, `len` bytes (a file of another
+    /// length is made that length, zeroed), and maps it. Refused unless it is a regular file of
+    /// this user's, mode 0600. The caller serializes opening and checks what it finds.
+    pub fn open(path: &Path, len: usize) -> std::io::Result<SharedMemory> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?;
+        let meta = file.metadata()?;
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        if !meta.is_file() || meta.uid() != uid || meta.mode() & 0o7777 != 0o600 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("{} is not this user's private file", path.display()),
+            ));
+        }
+        if meta.len() != len as u64 {
+            file.set_len(0)?;
+            file.set_len(len as u64)?;
+        }
+        // SAFETY: maps `len` bytes of a file that long, shared, read-write; the mapping is
+        // unmapped in Drop and never handed out beyond the life of self.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(SharedMemory {
+            ptr: NonNull::new(ptr as *mut u8).expect("mmap returned null"),
+            len,
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    /// Zeroes the whole mapping (the file is emptied and regrown: its pages are freed, not
+    /// written). Only while no other process uses it.
+    pub fn zero(&self) -> std::io::Result<()> {
+        self.file.set_len(0)?;
+        self.file.set_len(self.len as u64)
+    }
+
+    pub fn base(&self) -> NonNull<u8> {
+        self.ptr
+    }
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes of the mapping resident in memory now (tmpfs allocates a page when first touched).
+    pub fn resident_bytes(&self) -> u64 {
+        self.file.metadata().map_or(0, |m| m.blocks() * 512)
+    }
+
+    /// Removes the file (the mappings of processes still holding it stay valid).
+    pub fn unlink(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for SharedMemory {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are the mapping made in `open`, unmapped once, here; no reference into
+        // it outlives self (users borrow from self).
+        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
+    }
+}
+
+/// A pthread mutex that works across processes and survives its holder's death: the next
+/// locker is told (`EOWNERDEAD`) and must repair what the holder may have left half done.
+#[repr(C)]
+pub struct RobustMutex {
+    inner: UnsafeCell<libc::pthread_mutex_t>,
+}
+
+/// What locking found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Locked {
+    /// The previous holder unlocked it.
+    Clean,
+    /// The previous holder died holding it: what it guards may be half changed.
+    OwnerDied,
+}
+
+impl RobustMutex {
+    /// Makes the mutex (process-shared, robust) in place.
+    ///
+    /// # Safety
+    /// No thread of any process may use the mutex during the call.
+    pub unsafe fn init(&self) -> std::io::Result<()> {
+        let mut attr: libc::pthread_mutexattr_t = std::mem::zeroed();
+        let check = |rc: libc::c_int| {
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::from_raw_os_error(rc))
+            }
+        };
+        check(libc::pthread_mutexattr_init(&mut attr))?;
+        let made = check(libc::pthread_mutexattr_setpshared(
+            &mut attr,
+            libc::PTHREAD_PROCESS_SHARED,
+        ))
+        .and_then(|_| {
+            check(libc::pthread_mutexattr_setrobust(
+                &mut attr,
+                libc::PTHREAD_MUTEX_ROBUST,
+            ))
+        })
+        .and_then(|_| check(libc::pthread_mutex_init(self.inner.get(), &attr)));
+        libc::pthread_mutexattr_destroy(&mut attr);
+        made
+    }
+
+    /// Locks it. After `OwnerDied` the caller repairs what it guards before unlocking.
+    /// An error means it can never be locked again (a holder died and the next one unlocked
+    /// without repairing): the caller stops using the memory.
+    pub fn lock(&self) -> std::io::Result<Locked> {
+        // SAFETY: the mutex was initialized by `init` (the segment's creator) before the
+        // segment was published; pthread calls are the only access to it.
+        match unsafe { libc::pthread_mutex_lock(self.inner.get()) } {
+            0 => Ok(Locked::Clean),
+            libc::EOWNERDEAD => {
+                // SAFETY: this thread holds the mutex (EOWNERDEAD returns it locked).
+                unsafe { libc::pthread_mutex_consistent(self.inner.get()) };
+                Ok(Locked::OwnerDied)
+            }
+            rc => Err(std::io::Error::from_raw_os_error(rc)),
+        }
+    }
+
+    /// Unlocks it; only by the thread that locked it.
+    pub fn unlock(&self) {
+        // SAFETY: called by the holder (the guard that locked it), once.
+        unsafe { libc::pthread_mutex_unlock(self.inner.get()) };
+    }
+}
