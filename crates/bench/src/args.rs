@@ -31,6 +31,10 @@ pub enum Experiment {
     /// transaction, rollback journal and WAL, bpe and stock SQLite, alone and beside a plain
     /// SQLite writer process.
     Autocommit(AutocommitArgs),
+    /// Four worker processes running the lookup workload on one database: one shared extension
+    /// (BPE_EXTENSION_SHARED=1) against an extension each, and stock SQLite on a real device.
+    /// The first worker warms up with a full scan; then the others start.
+    Workers(WorkersArgs),
     /// Draws the plot of a saved --json result again.
     Plot(PlotArgs),
 }
@@ -119,6 +123,27 @@ pub struct LookupArgs {
     /// rule on its memory).
     #[arg(long, value_name = "MB")]
     pub cgroup_mb: Option<u64>,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct WorkersArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Rows in the lookup table (default 1,000,000; 40,000 with --quick).
+    #[arg(long)]
+    pub rows: Option<u64>,
+    /// Random point selects per worker (default 10,000; 2,000 with --quick).
+    #[arg(long)]
+    pub lookups: Option<u64>,
+    /// `max server memory` in MB of each worker (default 256; 16 with --quick).
+    #[arg(long)]
+    pub memory_mb: Option<u64>,
+    /// Extension size in MB: the shared one, and each private one (default twice the database).
+    #[arg(long)]
+    pub extension_mb: Option<u64>,
+    /// Worker processes.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
 }
 
 #[derive(clap::Args, Debug, Clone)]

@@ -141,6 +141,19 @@ impl Runner<'_> {
         emulated: bool,
     ) -> anyhow::Result<Vec<ConfigResult>> {
         eprintln!("== {}: {}", setup.name, setup.description);
+        self.spawn(setup, run, memory_mb, emulated, &[])?.finish()
+    }
+
+    /// Starts one configuration's process like [`Runner::run`], with `env` added, and returns
+    /// at once (several may run side by side).
+    pub fn spawn<T: Serialize>(
+        &self,
+        setup: Setup,
+        run: T,
+        memory_mb: u64,
+        emulated: bool,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Running> {
         // A process that exits with its extension on leaves the file (for a warm restart).
         let leftover = setup
             .extension
@@ -149,17 +162,19 @@ impl Runner<'_> {
             .map(|(path, _)| path.clone());
         // The slow volume's throttle, inherited by the configuration's process.
         self.storage.enter_data_device()?;
+        let role = format!("result-{}", setup.name);
         let config = serde_json::to_value(Config { setup, run })?;
         let spec = ChildSpec::new(
             self.bench,
             config,
             &self.storage.ext_dir,
-            "result",
+            &role,
             self.sample_ms,
         );
         let mut cmd = spec.command()?;
         cmd.env("BPE_MAX_SERVER_MEMORY_MB", memory_mb.to_string())
-            .env("BPE_DIRECT_IO", "1");
+            .env("BPE_DIRECT_IO", "1")
+            .envs(env.iter().copied());
         let device = &self.storage.data_device;
         if emulated && device.emulated {
             cmd.envs(sqlite_bpe::emulation_env(&device.model.to_core()));
@@ -168,17 +183,16 @@ impl Runner<'_> {
                 cmd.env_remove(var);
             }
         }
-        let status = cmd
-            .status()
+        let process = cmd
+            .spawn()
             .context("starting the configuration's process")?;
-        if let Some(path) = leftover {
-            let _ = std::fs::remove_file(path);
-        }
-        if !status.success() {
-            bail!("{} configuration failed ({status})", self.bench);
-        }
-        spec.take_results()
+        Ok(Running {
+            process,
+            spec,
+            leftover,
+        })
     }
+
     /// Runs one configuration as stock SQLite: the unix VFS with a page cache of `memory_mb`,
     /// in a memory cgroup of `cgroup_mb` (SQLite's cache, the process and the OS page cache of
     /// the data file together) so that the OS page cache is held to a budget as bpe's pool is.
@@ -203,6 +217,28 @@ impl Runner<'_> {
             r.details["memory_cgroup"] = report.clone();
         }
         Ok(results)
+    }
+}
+
+/// A configuration's process, running.
+pub struct Running {
+    process: Child,
+    spec: ChildSpec,
+    /// The extension file to remove once it exits.
+    leftover: Option<PathBuf>,
+}
+
+impl Running {
+    /// Waits for the process and returns its results.
+    pub fn finish(mut self) -> anyhow::Result<Vec<ConfigResult>> {
+        let status = self.process.wait()?;
+        if let Some(path) = self.leftover {
+            let _ = std::fs::remove_file(path);
+        }
+        if !status.success() {
+            bail!("{} configuration failed ({status})", self.spec.bench);
+        }
+        self.spec.take_results()
     }
 }
 

@@ -7,6 +7,8 @@
 //! - `dw`: the 22 TPC-H queries at a scale exceeding memory, extension on/off.
 //! - `autocommit`: the cost of a read transaction (autocommit against one transaction, bpe
 //!   against stock SQLite, alone and beside a plain SQLite writer process).
+//! - `workers`: four worker processes on one database, a shared extension against private ones
+//!   (and stock SQLite on a real device).
 //!
 //! Each configuration runs in a fresh child process (the current executable, re-run with the
 //! same arguments and `BPE_BENCH_CHILD` naming the configuration), because a process has one
@@ -32,6 +34,7 @@ mod storage;
 pub mod table;
 mod tpcc;
 mod tpch;
+mod workers;
 mod zipf;
 
 pub use args::{BenchArgs, CommonArgs, Experiment};
@@ -49,6 +52,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::Oltp(a) => (tpcc::run(a)?, &a.common),
         Experiment::Dw(a) => (tpch::run(a)?, &a.common),
         Experiment::Autocommit(a) => (autocommit::run(a)?, &a.common),
+        Experiment::Workers(a) => (workers::run(a)?, &a.common),
         Experiment::Plot(a) => {
             let report: BenchReport = serde_json::from_slice(&std::fs::read(&a.json)?)?;
             return plot::draw(&report, &a.out);
@@ -69,6 +73,7 @@ pub fn run_child() -> Option<anyhow::Result<()>> {
         "oltp" => tpcc::child(spec.config.clone(), spec.sample_ms),
         "dw" => tpch::child(spec.config.clone(), spec.sample_ms),
         "autocommit" => autocommit::child(spec.config.clone(), spec.sample_ms),
+        "workers" => workers::child(spec.config.clone(), spec.sample_ms),
         autocommit::WRITER => {
             let done = autocommit::writer(spec.config.clone());
             return Some(done.and_then(|r| child::write_results(&spec, &r)));

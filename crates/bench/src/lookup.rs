@@ -177,7 +177,7 @@ fn describe(
     text + &skew
 }
 
-const ROW_BYTES: usize = 1000;
+pub(crate) const ROW_BYTES: usize = 1000;
 const SEED: u64 = 20140401;
 
 /// Which ids the lookups ask for.

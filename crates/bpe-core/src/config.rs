@@ -152,6 +152,9 @@ pub struct Config {
     pub data_device: Option<DeviceEmulation>,
     /// How often the extension checkpoints its index while it changes.
     pub checkpoint_interval: std::time::Duration,
+    /// Share the extension with the other processes of this user that enable one at the same
+    /// path with this set (see `extension/shared`); off: the extension is this process's own.
+    pub shared_extension: bool,
 }
 
 impl Default for Config {
@@ -162,6 +165,7 @@ impl Default for Config {
             readahead: true,
             data_device: None,
             checkpoint_interval: CHECKPOINT_INTERVAL,
+            shared_extension: false,
         }
     }
 }

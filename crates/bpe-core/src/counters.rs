@@ -72,6 +72,8 @@ pub struct Counters {
     pub readahead_pages: AtomicU64,
     pub lazy_writes: AtomicU64,
     pub ext_page_reads: AtomicU64,
+    /// Of those, pages another process loaded (a shared extension).
+    pub ext_shared_page_reads: AtomicU64,
     pub ext_page_writes: AtomicU64,
     pub ext_page_evictions: AtomicU64,
     pub ext_checksum_failures: AtomicU64,
@@ -139,6 +141,10 @@ pub struct Gauges {
     pub ext_free_pages: u64,
     pub ext_in_use_percent: u64,
     pub ext_index_bytes: u64,
+    /// Processes sharing the extension, this one included (0: not shared).
+    pub ext_shared_processes: u64,
+    /// RAM the shared index takes, once for all the processes that share it.
+    pub ext_shared_index_bytes: u64,
     pub buffered_data_files: u64,
 }
 
@@ -175,11 +181,14 @@ pub struct CounterSnapshot {
     pub page_read_micros: u64,
     pub ext_page_evictions: u64,
     pub ext_page_reads: u64,
+    pub ext_shared_page_reads: u64,
     pub ext_page_writes: u64,
     pub ext_unreferenced_s: u64,
     pub ext_checksum_failures: u64,
     pub ext_io_errors: u64,
     pub ext_index_bytes: u64,
+    pub ext_shared_processes: u64,
+    pub ext_shared_index_bytes: u64,
     pub ext_bytes_written: u64,
     pub ext_sequential_write_percent: u64,
     pub ext_admissions_dropped: u64,
@@ -226,11 +235,14 @@ impl CounterSnapshot {
             page_read_micros: l(&c.page_read_micros),
             ext_page_evictions: l(&c.ext_page_evictions),
             ext_page_reads: l(&c.ext_page_reads),
+            ext_shared_page_reads: l(&c.ext_shared_page_reads),
             ext_page_writes: ext_writes,
             ext_unreferenced_s: l(&c.ext_unreferenced_ms) / 1000,
             ext_checksum_failures: l(&c.ext_checksum_failures),
             ext_io_errors: l(&c.ext_io_errors),
             ext_index_bytes: g.ext_index_bytes,
+            ext_shared_processes: g.ext_shared_processes,
+            ext_shared_index_bytes: g.ext_shared_index_bytes,
             ext_bytes_written: l(&c.ext_bytes_written),
             ext_sequential_write_percent: (l(&c.ext_sequential_write_pages) * 100)
                 .checked_div(ext_writes)
@@ -300,6 +312,11 @@ impl CounterSnapshot {
             ),
             r("Extension page reads/sec", self.ext_page_reads, Cumulative),
             r(
+                "Extension page reads of other processes' pages/sec",
+                self.ext_shared_page_reads,
+                Cumulative,
+            ),
+            r(
                 "Extension avg read time (us)",
                 self.ext_read_micros,
                 Average,
@@ -326,6 +343,16 @@ impl CounterSnapshot {
             ),
             r("Extension I/O errors", self.ext_io_errors, Cumulative),
             r("Extension index bytes", self.ext_index_bytes, Gauge),
+            r(
+                "Extension shared processes",
+                self.ext_shared_processes,
+                Gauge,
+            ),
+            r(
+                "Extension shared index bytes",
+                self.ext_shared_index_bytes,
+                Gauge,
+            ),
             r(
                 "Extension bytes written",
                 self.ext_bytes_written,

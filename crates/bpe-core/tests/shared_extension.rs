@@ -343,7 +343,7 @@ fn survivors_of_random_sigkills_never_serve_a_stale_page() {
         FileStamp::of_metadata(&std::fs::metadata(&ext).unwrap()).identity,
     )
     .unwrap();
-    assert!(observer.detach(|| std::fs::remove_file(&ext).unwrap()));
+    assert!(observer.detach(false, || std::fs::remove_file(&ext).unwrap()));
     assert!(
         !shm.exists() && !ext.exists(),
         "the last to detach removed both"

@@ -89,6 +89,8 @@ static SLOT: ForkSafeLock<Option<(u64, i32, Arc<Engine>)>> = ForkSafeLock::new(N
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 /// The extension file's descriptor of the engine at fork time (closed in the child).
 static EXTENSION_FD: AtomicI32 = AtomicI32::new(-1);
+/// A shared extension's participant lock descriptor at fork time (closed in the child).
+static EXTENSION_LOCK_FD: AtomicI32 = AtomicI32::new(-1);
 static CONFIG: OnceLock<EnvConfig> = OnceLock::new();
 static HOOKS: Once = Once::new();
 
@@ -220,8 +222,11 @@ extern "C" fn before_fork() {
     // Held across fork, so that no other thread holds them at that moment; the child then
     // starts with them free (released in both handlers below).
     let slot = SLOT.lock();
-    let fd = slot.as_ref().map_or(-1, |(_, _, e)| e.extension_raw_fd());
-    EXTENSION_FD.store(fd, Ordering::Relaxed);
+    let fds = slot
+        .as_ref()
+        .map_or([-1, -1], |(_, _, e)| e.extension_raw_fds());
+    EXTENSION_FD.store(fds[0], Ordering::Relaxed);
+    EXTENSION_LOCK_FD.store(fds[1], Ordering::Relaxed);
     std::mem::forget(slot);
     hold_sqlite_mutexes();
 }
@@ -234,11 +239,15 @@ extern "C" fn after_fork_parent() {
 extern "C" fn after_fork_child() {
     release_sqlite_mutexes();
     GENERATION.fetch_add(1, Ordering::AcqRel);
-    let fd = EXTENSION_FD.swap(-1, Ordering::Relaxed);
-    if fd >= 0 {
-        // SAFETY: the child's copy of the parent's extension descriptor; nothing in the child
-        // uses it (the parent's engine is never touched again here).
-        unsafe { libc::close(fd) };
+    for fd in [
+        EXTENSION_FD.swap(-1, Ordering::Relaxed),
+        EXTENSION_LOCK_FD.swap(-1, Ordering::Relaxed),
+    ] {
+        if fd >= 0 {
+            // SAFETY: the child's copy of one of the parent's extension descriptors; nothing
+            // in the child uses it (the parent's engine is never touched again here).
+            unsafe { libc::close(fd) };
+        }
     }
     SLOT.force_unlock();
 }

@@ -191,6 +191,7 @@ impl Policy for Ours {
                     read_micros: 0,
                     prefetched: false,
                     current_key: None,
+                    shared: None,
                 };
                 self.pool
                     .finish_load(ticket, frame, LoadSource::DataFile, &NoSink);

@@ -103,7 +103,7 @@ impl Engine {
     /// without changing anything.
     pub fn validate_extension_with(&self, path: &Path, size: u64, max_memory: u64) -> Result<()> {
         check_extension_size(size, max_memory)?;
-        crate::io::extension_file::validate_path(path)?;
+        crate::io::extension_file::validate_path(path, self.config.shared_extension)?;
         // A file at the path is only ever replaced if it is a dead process's extension; never
         // if this process has it open as a data file.
         if let Ok(identity) = FileIdentity::of_path(path) {

@@ -8,6 +8,7 @@
 
 use super::Engine;
 use crate::counters::Counters;
+use crate::extension::shared::SharedRead;
 use crate::extension::Extension;
 use crate::files::FileHandle;
 use crate::io::{DataDevice, DeviceCharges, DeviceOp, Instrumented};
@@ -43,6 +44,8 @@ struct ReadAhead {
     /// Bytes of `chunk` that the file had.
     got: usize,
     tickets: Vec<Option<Ticket>>,
+    /// Per ticket, what its read was made under (a shared extension; see `Engine::read_under`).
+    shared: Vec<Option<SharedRead>>,
     started: Instant,
 }
 
@@ -107,10 +110,13 @@ impl Engine {
     ) -> Result<Option<PageRead>> {
         let started = Instant::now();
         let key = ticket.key;
-        if let Some(ext) = self.current_extension() {
+        let ext = self.current_extension();
+        // Before either read: see `Engine::read_under`.
+        let shared = ext.as_ref().and_then(|e| e.read_under(file, key));
+        if let Some(ext) = ext {
             // A miss while a restore runs waits for it and looks again (see `await_restore`).
             if ext.read(key, buf) || (ext.await_restore(file.identity()) && ext.read(key, buf)) {
-                let frame = self.frame(file, key, buf, started, false);
+                let frame = self.frame(file, key, buf, started, false, shared);
                 if self.config.readahead && file.extension_readahead.on_miss(key.page) {
                     self.extension_readahead(file, &ext, key, buf.len());
                 }
@@ -142,7 +148,7 @@ impl Engine {
             }
             return Ok(Some(read));
         }
-        let frame = self.frame(file, key, buf, started, false);
+        let frame = self.frame(file, key, buf, started, false, shared);
         let installed = self
             .pool
             .finish_load(ticket, frame, LoadSource::DataFile, self);
@@ -165,7 +171,8 @@ impl Engine {
             let at = (ahead.skip + i) * page_size;
             let part = &ahead.chunk[at..at + page_size];
             if at + page_size <= ahead.got {
-                let frame = self.frame(file, ticket.key, part, ahead.started, true);
+                let shared = ahead.shared.get(i).copied().flatten();
+                let frame = self.frame(file, ticket.key, part, ahead.started, true, shared);
                 self.pool
                     .finish_load(ticket, frame, LoadSource::DataFile, self);
                 fetched += 1;
@@ -191,6 +198,7 @@ impl Engine {
     ) {
         let page_size = file.page_size();
         let first = after.page + 1;
+        let shared = self.read_under(file, &tickets);
         let mut chunk = vec![0u8; page_size * tickets.len()];
         let got = match self.device_read(file, Via(None), first * page_size as u64, &mut chunk) {
             Ok(n) => n,
@@ -216,6 +224,7 @@ impl Engine {
             skip: 0,
             got,
             tickets,
+            shared,
             started,
         };
         self.install_read_ahead(file, ahead);
@@ -266,7 +275,7 @@ impl Engine {
         for (i, ticket) in tickets.into_iter().enumerate() {
             match run.as_ref().filter(|_| i < verified) {
                 Some(run) => {
-                    let frame = self.frame(file, ticket.key, run.page(i), started, true);
+                    let frame = self.frame(file, ticket.key, run.page(i), started, true, None);
                     self.pool
                         .finish_load(ticket, frame, LoadSource::Extension, self);
                 }
@@ -283,6 +292,7 @@ impl Engine {
         data: &'a [u8],
         started: Instant,
         prefetched: bool,
+        shared: Option<SharedRead>,
     ) -> NewFrame<'a> {
         NewFrame {
             key,
@@ -291,6 +301,20 @@ impl Engine {
             read_micros: started.elapsed().as_micros().min(u32::MAX as u128) as u32,
             prefetched,
             current_key: Some(file.key_cell().clone()),
+            shared,
+        }
+    }
+
+    /// For a shared extension, what each ticket's page is read under: its shared name and write
+    /// epoch, taken before the read, so that a write by any process that overlaps or follows
+    /// the read voids the page's admission (see `extension/shared`). Empty otherwise.
+    fn read_under(&self, file: &FileHandle, tickets: &[Option<Ticket>]) -> Vec<Option<SharedRead>> {
+        match self.current_extension().filter(|e| e.is_shared()) {
+            Some(ext) => tickets
+                .iter()
+                .map(|t| t.as_ref().and_then(|t| ext.read_under(file, t.key)))
+                .collect(),
+            None => Vec::new(),
         }
     }
 
@@ -356,6 +380,7 @@ impl Engine {
             return Ok((n, None));
         }
         let started = Instant::now();
+        let shared = self.read_under(file, &tickets);
         let mut chunk = vec![0u8; page_size * (1 + tickets.len())];
         let got = match self.device_read(file, via, offset, &mut chunk) {
             Ok(n) => n,
@@ -380,6 +405,7 @@ impl Engine {
             skip: 1,
             got,
             tickets,
+            shared,
             started,
         };
         Ok((got.min(page_size), Some(ahead)))
@@ -444,8 +470,9 @@ impl Engine {
         let key = PageKey::new(file.key(), page);
         let ticket = self.pool.begin_write(key);
         // After begin_write no eviction can re-admit the old bytes, so this drop is final.
-        if let Some(ext) = self.extension.read().as_ref() {
-            ext.invalidate(key);
+        let ext = self.extension.read().clone();
+        if let Some(ext) = &ext {
+            ext.invalidate_page(file, key);
         }
         let own = file.data();
         let device: Option<&dyn DataDevice> = match (via.0, own.as_deref()) {
@@ -465,6 +492,12 @@ impl Engine {
         match written {
             Ok(()) => {
                 Counters::bump(&self.counters.page_writes);
+                // A shared extension is told again now the bytes are in the file (see
+                // `extension/shared`); the copy in RAM is current as of its epoch after that.
+                let shared = ext.and_then(|e| {
+                    e.written(file, key);
+                    e.read_under(file, key)
+                });
                 let frame = NewFrame {
                     key,
                     data,
@@ -472,6 +505,7 @@ impl Engine {
                     read_micros: 0,
                     prefetched: false,
                     current_key: Some(file.key_cell().clone()),
+                    shared,
                 };
                 self.pool.finish_write(ticket, Some(frame), self);
                 Ok(())

@@ -158,6 +158,7 @@ impl Engine {
             self.faults.clone(),
             host,
             self.epoch,
+            self.config.shared_extension,
         ) {
             Ok(ext) => ext,
             Err(e) => {
@@ -167,6 +168,7 @@ impl Engine {
         };
         let size = ext.size_bytes();
         self.extension_fd.store(ext.raw_fd(), Relaxed);
+        self.extension_lock_fd.store(ext.raw_lock_fd(), Relaxed);
         *self.extension.write() = Some(ext.clone());
         self.offer_open_files(&ext);
         self.refresh_memory_target();
@@ -214,6 +216,7 @@ impl Engine {
         });
         *self.extension.write() = None;
         self.extension_fd.store(-1, Relaxed);
+        self.extension_lock_fd.store(-1, Relaxed);
         ext.close(self.vouched_files(), &|keys| self.resident(keys));
         self.refresh_memory_target();
         self.enter(Phase::Disabled);
@@ -224,6 +227,7 @@ impl Engine {
     fn unplug(&self, ext: &Arc<Extension>) {
         *self.extension.write() = None;
         self.extension_fd.store(-1, Relaxed);
+        self.extension_lock_fd.store(-1, Relaxed);
         ext.shutdown();
         // The index is freed when the last reader in flight lets go of `ext`.
         self.refresh_memory_target();

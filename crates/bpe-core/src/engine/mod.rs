@@ -59,6 +59,8 @@ pub struct Engine {
     /// The extension file's descriptor (-1 without one), readable without a lock: a forked
     /// child closes it, so that the parent's lock on it is not held by the child.
     extension_fd: AtomicI32,
+    /// A shared extension's participant lock descriptor, likewise.
+    extension_lock_fd: AtomicI32,
     epoch: Instant,
     tracing: AtomicBool,
     trace: Mutex<Vec<PageKey>>,
@@ -86,6 +88,7 @@ impl Engine {
             faults: Arc::new(FaultInjector::default()),
             emulator: config.data_device.map(|m| Arc::new(Emulator::new(m))),
             extension_fd: AtomicI32::new(-1),
+            extension_lock_fd: AtomicI32::new(-1),
             epoch: Instant::now(),
             tracing: AtomicBool::new(false),
             trace: Mutex::new(Rank::Leaf, Vec::new()),
@@ -173,7 +176,7 @@ impl Engine {
             // L1 first: once the frame is gone, no eviction can offer the old bytes to L2.
             self.pool.forget_page(k);
             if let Some(ext) = &ext {
-                ext.invalidate(k);
+                ext.invalidate_page(file, k);
             }
         }
         self.counters
@@ -244,9 +247,13 @@ impl Engine {
             .set_target(self.max_memory().saturating_sub(index), self);
     }
 
-    /// The descriptor of the extension file, for a forked child to close (see `extension_fd`).
-    pub fn extension_raw_fd(&self) -> i32 {
-        self.extension_fd.load(Relaxed)
+    /// The descriptors of the extension file and of a shared extension's participant lock,
+    /// -1 where there is none, for a forked child to close (see `extension_fd`).
+    pub fn extension_raw_fds(&self) -> [i32; 2] {
+        [
+            self.extension_fd.load(Relaxed),
+            self.extension_lock_fd.load(Relaxed),
+        ]
     }
 }
 

@@ -26,6 +26,8 @@ pub struct BufferDescriptor {
     pub last_access_ms: u64,
     /// The bytes, for RAM copies (to decode page headers).
     pub frame: Option<Arc<Frame>>,
+    /// For a copy in a shared extension that another process loaded, that process's pid.
+    pub loaded_by: Option<u32>,
 }
 
 impl Engine {
@@ -35,6 +37,7 @@ impl Engine {
         let page_size = files.first().map_or(REPORT_PAGE, |f| f.page_size as u64);
         let max_memory = self.max_memory();
         let index = ext.as_ref().map_or(0, |e| e.index_bytes());
+        let shared = ext.as_ref().and_then(|e| e.shared()).map(|s| s.stats());
         let target_bytes = self.pool.target_bytes();
         let used = self.pool.used_bytes();
         let charge = page_size + crate::config::L1_FRAME_OVERHEAD;
@@ -55,6 +58,8 @@ impl Engine {
                     .unwrap_or(0)
             }),
             ext_index_bytes: index,
+            ext_shared_processes: shared.as_ref().map_or(0, |s| s.participants as u64),
+            ext_shared_index_bytes: shared.as_ref().map_or(0, |s| s.resident_bytes),
             buffered_data_files: files
                 .iter()
                 .filter(|f| f.openers > 0 && !f.direct_io)
@@ -79,11 +84,12 @@ impl Engine {
                     read_micros: f.read_micros,
                     last_access_ms: f.last_access_ms.load(Relaxed),
                     frame: Some(f),
+                    loaded_by: None,
                 })
             })
             .collect();
         if let Some(ext) = self.current_extension() {
-            out.extend(ext.entries().into_iter().filter_map(|(key, last)| {
+            out.extend(ext.entries().into_iter().filter_map(|(key, last, by)| {
                 Some(BufferDescriptor {
                     file: *ids.get(&key.file)?,
                     page: key.page,
@@ -91,6 +97,7 @@ impl Engine {
                     read_micros: 0,
                     last_access_ms: last,
                     frame: None,
+                    loaded_by: by,
                 })
             }));
         }

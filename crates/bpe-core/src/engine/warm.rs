@@ -256,7 +256,7 @@ impl Engine {
             let at = skip + (loc.offset - lo) as usize;
             let bytes = &block[at..at + loc.len];
             if ext.verified(ticket.key, loc, bytes) {
-                let frame = self.frame(file, ticket.key, bytes, started, true);
+                let frame = self.frame(file, ticket.key, bytes, started, true, None);
                 self.pool
                     .finish_load(ticket, frame, LoadSource::Extension, self);
                 fetched += 1;

@@ -17,6 +17,7 @@ pub use index::{page_crc, ExtensionIndex, IndexStore, Location, UNIT};
 
 use crate::config::{EXTENSION_BATCH_BYTES, EXTENSION_FAULT_LIMIT, EXTENSION_STAGING_PAGES};
 use crate::counters::Counters;
+use crate::files::FileHandle;
 use crate::io::aligned::Scratch;
 use crate::io::aligned::{round_down, round_up};
 use crate::io::extension_file::ExtensionFile;
@@ -27,6 +28,7 @@ use crate::pool::Frame;
 use crate::sync::channel::{Sender, TrySendError};
 use crate::sync::{Latch, Mutex, Rank, RwLock};
 use crate::Result;
+use shared::{Attached, Geometry, SharedIndex, SharedRead};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -114,6 +116,8 @@ struct Staged {
     key: PageKey,
     seq: u64,
     frame: Arc<Frame>,
+    /// What its read was made under, for a shared extension.
+    shared: Option<SharedRead>,
 }
 
 struct Tables {
@@ -170,6 +174,9 @@ pub struct Extension {
     /// Files whose restored pages wait for adoption (`Tables::restored`), readable without a
     /// lock: the miss path looks at it (see `Extension::await_restore`).
     waiting_files: AtomicUsize,
+    /// Set when the extension is shared with other processes: the index is theirs and ours,
+    /// in shared memory, and `tables.index` stays empty.
+    shared: Option<Attached>,
 }
 
 /// Index bytes an extension of `size` bytes starts with (sized for 4 KiB pages).
@@ -189,10 +196,20 @@ impl Extension {
         faults: Arc<FaultInjector>,
         host: Arc<dyn ExtensionHost>,
         epoch: Instant,
+        shared: bool,
     ) -> Result<Arc<Extension>> {
         let size = effective_size(size);
         let regions = regions_for(size);
-        let (file, reused) = ExtensionFile::open(path, size)?;
+        let (file, reused, shared) = if shared {
+            let file = ExtensionFile::open_shared(path, size)?;
+            let index = SharedIndex::attach(path, Geometry::new(regions, REGION_BYTES))?;
+            (file, false, Some(Attached::new(index)))
+        } else {
+            let (file, reused) = ExtensionFile::open(path, size)?;
+            (file, reused, None)
+        };
+        // A shared extension's index is in shared memory: the local one is never used.
+        let local_regions = if shared.is_some() { 0 } else { regions };
         let file = FaultyExtensionFile::new(file, faults);
         let (tx, rx) = crate::sync::channel::bounded(EXTENSION_STAGING_PAGES);
         let ext = Arc::new(Extension {
@@ -202,7 +219,7 @@ impl Extension {
             tables: RwLock::new(
                 Rank::ExtensionTables,
                 Tables {
-                    index: ExtensionIndex::new(regions, REGION_BYTES),
+                    index: ExtensionIndex::new(local_regions, REGION_BYTES),
                     staged: HashMap::new(),
                     restored: Default::default(),
                 },
@@ -230,6 +247,7 @@ impl Extension {
             restore_done: AtomicBool::new(!reused),
             restore_micros: AtomicU64::new(0),
             waiting_files: AtomicUsize::new(0),
+            shared,
         });
         writer::spawn(ext.clone(), rx, ext.writer_done.clone(), reused);
         Ok(ext)
@@ -283,11 +301,39 @@ impl Extension {
         self.file.file().identity()
     }
     pub fn cached_pages(&self) -> usize {
-        self.tables.read().index.len()
+        match &self.shared {
+            Some(s) => s.index.stats().pages as usize,
+            None => self.tables.read().index.len(),
+        }
     }
     /// Bytes of the ring the cached pages take.
     pub fn cached_bytes(&self) -> u64 {
-        self.tables.read().index.live_bytes()
+        match &self.shared {
+            Some(s) => s.index.stats().bytes,
+            None => self.tables.read().index.live_bytes(),
+        }
+    }
+
+    /// The shared index, if this extension is shared with other processes.
+    pub fn shared(&self) -> Option<&SharedIndex> {
+        self.shared.as_ref().map(|s| &s.index)
+    }
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// For a shared extension, what a read of `key` is made under (see `SharedRead`): taken
+    /// before the read. None for a private one.
+    pub fn read_under(&self, file: &FileHandle, key: PageKey) -> Option<SharedRead> {
+        self.shared.as_ref()?.read_under(file, key)
+    }
+
+    /// Where `key` is cached, and whether another process loaded it.
+    fn locate(&self, key: PageKey) -> Option<(Location, bool)> {
+        match &self.shared {
+            Some(s) => s.locate(key).map(|hit| (hit.location, !hit.mine)),
+            None => self.tables.read().index.lookup(key).map(|l| (l, false)),
+        }
     }
     /// Bytes of RAM the extension's index is charged against max server memory.
     pub fn index_bytes(&self) -> u64 {
@@ -321,6 +367,12 @@ impl Extension {
         if self.failed.load(Relaxed) || self.stopping.load(Relaxed) || !frame.is_current() {
             return;
         }
+        if let Some(s) = &self.shared {
+            // Without what its read was made under, a copy cannot be shown current to others.
+            if frame.shared.is_none() || s.locate(frame.key).is_some() {
+                return;
+            }
+        }
         if !ExtensionIndex::fits(frame.key) {
             return self.drop_admission(1, || {
                 format!(
@@ -343,6 +395,7 @@ impl Extension {
             key: frame.key,
             seq,
             frame: frame.clone(),
+            shared: frame.shared,
         };
         match self.staging.try_send(ToWriter::Page(staged)) {
             Ok(()) => {
@@ -363,7 +416,11 @@ impl Extension {
 
     /// Whether a copy of `key` is indexed here (not verified: a read may still miss).
     pub fn holds(&self, key: PageKey) -> bool {
-        !self.failed.load(Relaxed) && self.tables.read().index.contains(key)
+        !self.failed.load(Relaxed)
+            && match &self.shared {
+                Some(s) => s.locate(key).is_some(),
+                None => self.tables.read().index.contains(key),
+            }
     }
 
     /// Reads a page into `buf` if a verified copy is here. Any fault is a miss (and is counted).
@@ -371,7 +428,7 @@ impl Extension {
         if self.failed.load(Relaxed) {
             return false;
         }
-        let Some(loc) = self.tables.read().index.lookup(key) else {
+        let Some((loc, others)) = self.locate(key) else {
             return false;
         };
         if loc.len != buf.len() {
@@ -402,6 +459,9 @@ impl Extension {
                 buf.copy_from_slice(page);
                 self.consecutive_faults.store(0, Relaxed);
                 Counters::bump(&self.counters.ext_page_reads);
+                if others {
+                    Counters::bump(&self.counters.ext_shared_page_reads);
+                }
                 self.touch_region(loc.offset);
                 true
             }
@@ -432,7 +492,7 @@ impl Extension {
     pub fn verified(&self, key: PageKey, loc: Location, bytes: &[u8]) -> bool {
         let ok = bytes.len() == loc.len
             && page_crc(key.page, bytes) == loc.crc
-            && self.tables.read().index.lookup(key) == Some(loc);
+            && self.locate(key).map(|(l, _)| l) == Some(loc);
         if ok {
             Counters::bump(&self.counters.ext_page_reads);
         }
@@ -469,20 +529,36 @@ impl Extension {
         if self.failed.load(Relaxed) || keys.is_empty() {
             return None;
         }
-        let run: Vec<Location> = {
-            let t = self.tables.read();
-            let first = t.index.lookup(after)?;
-            let mut next = first.offset + first.len as u64;
-            keys.iter()
-                .map_while(|&k| {
-                    let loc = t
-                        .index
-                        .lookup(k)
-                        .filter(|l| l.offset == next && l.len == page_len)?;
-                    next += page_len as u64;
-                    Some(loc)
-                })
-                .collect()
+        let run: Vec<Location> = match &self.shared {
+            // One lookup at a time: each holds the shared lock for its own.
+            Some(_) => {
+                let (first, _) = self.locate(after)?;
+                let mut next = first.offset + first.len as u64;
+                keys.iter()
+                    .map_while(|&k| {
+                        let (loc, _) = self
+                            .locate(k)
+                            .filter(|(l, _)| l.offset == next && l.len == page_len)?;
+                        next += page_len as u64;
+                        Some(loc)
+                    })
+                    .collect()
+            }
+            None => {
+                let t = self.tables.read();
+                let first = t.index.lookup(after)?;
+                let mut next = first.offset + first.len as u64;
+                keys.iter()
+                    .map_while(|&k| {
+                        let loc = t
+                            .index
+                            .lookup(k)
+                            .filter(|l| l.offset == next && l.len == page_len)?;
+                        next += page_len as u64;
+                        Some(loc)
+                    })
+                    .collect()
+            }
         };
         let first = run.first()?;
         let (start, skip, len) = aligned_span(first.offset, page_len * run.len());
@@ -521,6 +597,9 @@ impl Extension {
 
     /// Removes the entry if it still is `loc`. Returns whether it was.
     fn drop_entry(&self, key: PageKey, loc: Location) -> bool {
+        if let Some(s) = &self.shared {
+            return s.drop_if(key, loc);
+        }
         let mut t = self.tables.write();
         if t.index.lookup(key) == Some(loc) {
             t.index.remove(key);
@@ -556,9 +635,37 @@ impl Extension {
         }
     }
 
-    /// Drops every copy of pages of `file` from `first_page` on (all files if None).
+    /// Drops any copy of page `key` of `file`, before the data file is written: for every
+    /// process if the extension is shared.
+    pub fn invalidate_page(&self, file: &FileHandle, key: PageKey) {
+        match &self.shared {
+            Some(s) => {
+                self.tables.write().staged.remove(&key);
+                s.invalidate(file, key);
+            }
+            None => self.invalidate(key),
+        }
+    }
+
+    /// The page's bytes are in the data file now. A shared extension invalidates it again (a
+    /// read that overlapped the write could have staged the old bytes under the new epoch) and
+    /// records the file's stamp as this process's own doing.
+    pub fn written(&self, file: &FileHandle, key: PageKey) {
+        if let Some(s) = &self.shared {
+            s.invalidate(file, key);
+            s.vouch(file, key.file);
+        }
+    }
+
+    /// Drops every copy of pages of `file` from `first_page` on (all files if None). A shared
+    /// extension forgets the whole file, for every process.
     pub fn invalidate_where(&self, file: Option<FileKey>, first_page: u64) {
         let hit = |k: PageKey| file.is_none_or(|f| k.file == f) && k.page >= first_page;
+        if let Some(s) = &self.shared {
+            self.tables.write().staged.retain(|k, _| !hit(*k));
+            s.forget(file);
+            return;
+        }
         let mut t = self.tables.write();
         t.staged.retain(|k, _| !hit(*k));
         t.index.remove_where(hit);
@@ -569,12 +676,28 @@ impl Extension {
         self.index_changed.store(true, Relaxed);
     }
 
-    /// Every cached page with the time its region was last referenced.
-    pub fn entries(&self) -> Vec<(PageKey, u64)> {
+    /// Every cached page with the time its region was last referenced and, in a shared
+    /// extension, the pid of the other process that loaded it. A shared extension lists the
+    /// pages of the files this process has bound, with no time (it is not tracked across
+    /// processes).
+    pub fn entries(&self) -> Vec<(PageKey, u64, Option<u32>)> {
+        if let Some(s) = &self.shared {
+            let local = s.local_keys();
+            let me = s.index.pid();
+            return s
+                .index
+                .entries()
+                .into_iter()
+                .filter_map(|(key, page, pid)| {
+                    let by = (pid != me).then_some(pid);
+                    Some((PageKey::new(*local.get(&key)?, page), 0, by))
+                })
+                .collect();
+        }
         let t = self.tables.read();
         t.index
             .entries()
-            .map(|(region, key)| (key, self.region_last_ref[region].load(Relaxed)))
+            .map(|(region, key)| (key, self.region_last_ref[region].load(Relaxed), None))
             .collect()
     }
 
@@ -582,7 +705,13 @@ impl Extension {
     /// operator's OFF, a resize, a retirement after faults).
     pub fn shutdown(&self) {
         self.stop_writer();
-        self.file.file().remove();
+        match &self.shared {
+            // The file goes with the last process that shares it.
+            Some(s) => {
+                s.index.detach(false, || self.file.file().remove());
+            }
+            None => self.file.file().remove(),
+        }
     }
 
     /// Stops the writer, writes a last checkpoint of the `vouched` files' pages, those in RAM
@@ -591,6 +720,13 @@ impl Extension {
     pub fn close(&self, vouched: Vouched, resident: persist::Resident<'_>) {
         if !self.stop_writer() {
             return; // a writer still running could overwrite what the next process restores
+        }
+        if let Some(s) = &self.shared {
+            // The shared memory stays with the file when this is the last process: the next
+            // one to share it starts warm (its bindings check every file's stamp).
+            s.index.detach(true, || {});
+            self.file.file().unlock();
+            return;
         }
         if !self.failed.load(Relaxed) {
             self.checkpoint_files(vouched, resident);
@@ -657,6 +793,11 @@ impl Extension {
     /// The descriptor of the file, to be closed in a forked child (see `Engine::after_fork`).
     pub(crate) fn raw_fd(&self) -> i32 {
         self.file.file().raw_fd()
+    }
+
+    /// The shared extension's participant lock descriptor (-1 if not shared), likewise.
+    pub(crate) fn raw_lock_fd(&self) -> i32 {
+        self.shared.as_ref().map_or(-1, |s| s.index.raw_fd())
     }
 }
 

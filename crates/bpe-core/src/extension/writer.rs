@@ -11,6 +11,7 @@
 //! adopts restored pages for files as they open, and checkpoints the index every few seconds
 //! while it changes (see `persist.rs`).
 
+use super::shared::{Admission, Claim};
 use super::{page_crc, Extension, IndexStore, Staged, ToWriter, REGION_BYTES};
 use crate::config::DIRECT_IO_ALIGN;
 use crate::counters::Counters;
@@ -51,7 +52,10 @@ pub(super) fn spawn(ext: Arc<Extension>, rx: Receiver<ToWriter>, done: Arc<Latch
         }
         // Consumes the writer: its hold on the extension ends before `done` says it stopped.
         let ext = writer.ext.clone();
-        writer.run(rx);
+        let claim = writer.run(rx);
+        if let (Some(s), Some(c)) = (ext.shared(), claim) {
+            s.seal(c);
+        }
         // Adoptions asked for and never run: nothing will run them now.
         ext.drop_chores();
         drop(ext);
@@ -70,6 +74,8 @@ struct Writer {
     buf: AlignedBuf,
     last_checkpoint: Instant,
     checkpoint_interval: Duration,
+    /// The region claimed in a shared extension (the ring is everyone's: see `shared`).
+    claim: Option<Claim>,
 }
 
 impl Writer {
@@ -82,6 +88,7 @@ impl Writer {
             last_end: None,
             buf: AlignedBuf::new(REGION_BYTES as usize),
             last_checkpoint: Instant::now(),
+            claim: None,
         }
     }
 
@@ -89,7 +96,13 @@ impl Writer {
         REGION_BYTES as usize - self.fill
     }
 
-    fn run(mut self, rx: Receiver<ToWriter>) {
+    /// Writes batches until told to stop; returns the shared region it still holds.
+    fn run(mut self, rx: Receiver<ToWriter>) -> Option<Claim> {
+        self.fill_batches(rx);
+        self.claim
+    }
+
+    fn fill_batches(&mut self, rx: Receiver<ToWriter>) {
         let mut batch: Vec<Staged> = Vec::new();
         loop {
             if self.ext.stopping.load(Relaxed) {
@@ -121,7 +134,8 @@ impl Writer {
     /// Adoptions asked for, and a checkpoint when one is due.
     fn between_batches(&mut self) {
         self.ext.run_chores();
-        if self.last_checkpoint.elapsed() >= self.checkpoint_interval {
+        // A shared extension's index lives on in shared memory, not in checkpoints.
+        if !self.ext.is_shared() && self.last_checkpoint.elapsed() >= self.checkpoint_interval {
             self.ext.checkpoint_if_changed();
             self.last_checkpoint = Instant::now();
         }
@@ -132,6 +146,20 @@ impl Writer {
         let ext = self.ext.clone();
         if self.fill == 0 {
             self.enter_region();
+        }
+        if ext.is_shared() && self.claim.is_none() {
+            let mut t = ext.tables.write();
+            for s in batch.iter() {
+                if t.staged.get(&s.key) == Some(&s.seq) {
+                    t.staged.remove(&s.key);
+                }
+            }
+            drop(t);
+            ext.drop_admission(batch.len() as u64, || {
+                "every region of the shared extension is being filled by other processes".into()
+            });
+            batch.clear();
+            return;
         }
         // Largest first: each page then starts at a multiple of its own size (or of 4 KiB).
         batch.sort_by_key(|s| std::cmp::Reverse(s.frame.data.len()));
@@ -182,15 +210,32 @@ impl Writer {
             ext.fault(format!("write error: {e}"));
             self.last_end = None;
         } else {
-            t.index.prepare(self.region, placed.len());
+            let mut shared = Vec::new();
+            if !ext.is_shared() {
+                t.index.prepare(self.region, placed.len());
+            }
             for (i, s) in placed.iter().enumerate() {
                 if t.staged.get(&s.key) == Some(&s.seq) {
                     t.staged.remove(&s.key);
-                    t.index
-                        .insert(s.key, self.region, offsets[i], s.frame.data.len(), crcs[i]);
+                    let len = s.frame.data.len();
+                    match s.shared {
+                        Some(read) => shared.push(Admission {
+                            file: read.file,
+                            page: s.key.page,
+                            offset: offsets[i],
+                            len,
+                            crc: crcs[i],
+                            epoch: read.epoch,
+                        }),
+                        None => t.index.insert(s.key, self.region, offsets[i], len, crcs[i]),
+                    }
                 }
             }
             drop(t);
+            if let (Some(index), Some(claim)) = (ext.shared(), self.claim) {
+                // Published after the bytes are written: no entry points at bytes not there.
+                index.publish(claim, &shared);
+            }
             ext.index_changed.store(true, Relaxed);
             // Faults must be consecutive to disable the extension: a good write ends a streak.
             ext.consecutive_faults.store(0, Relaxed);
@@ -209,6 +254,9 @@ impl Writer {
     }
 
     fn next_region(&mut self) {
+        if let (Some(s), Some(c)) = (self.ext.shared(), self.claim.take()) {
+            s.seal(c);
+        }
         self.region = (self.region + 1) % self.ext.regions;
         self.fill = 0;
         self.ext.writer_region.store(self.region, Relaxed);
@@ -218,6 +266,19 @@ impl Writer {
     fn enter_region(&mut self) {
         let ext = &self.ext;
         let now = ext.now_ms();
+        if let Some(s) = ext.shared() {
+            // The ring is everyone's: the next region free of other live writers.
+            self.claim = s.claim_region();
+            if let Some(c) = self.claim {
+                self.region = c.region;
+                ext.writer_region.store(c.region, Relaxed);
+                ext.counters
+                    .ext_page_evictions
+                    .fetch_add(c.evicted as u64, Relaxed);
+                ext.region_last_ref[c.region].store(now, Relaxed);
+            }
+            return;
+        }
         let evicted = {
             let mut t = ext.tables.write();
             t.restored.overwrite(self.region);
@@ -246,6 +307,9 @@ impl Writer {
     /// Returns the pages that may be written.
     fn reserve_index(&mut self, mut pages: Vec<Staged>) -> Vec<Staged> {
         let ext = self.ext.clone();
+        if ext.is_shared() {
+            return pages; // the shared index is laid out in full, in shared memory
+        }
         let regions_overhead = ext.regions as u64 * 8;
         let mut ahead = 1;
         loop {

@@ -30,8 +30,9 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
-/// Checks a requested extension path without touching the file system beyond reads.
-pub fn validate_path(path: &Path) -> Result<()> {
+/// Checks a requested extension path without touching the file system beyond reads. A path
+/// other processes use is refused unless the extension is to be `shared` with them.
+pub fn validate_path(path: &Path, shared: bool) -> Result<()> {
     if !path.is_absolute() {
         return Err(bad(path, "the path must be absolute"));
     }
@@ -58,6 +59,7 @@ pub fn validate_path(path: &Path) -> Result<()> {
         Ok(m) if m.file_type().is_symlink() => Err(bad(path, "it is a symbolic link")),
         Ok(_) => match inspect(path) {
             Found::Stale(..) => Ok(()), // replaced by create()
+            Found::Live if shared => Ok(()),
             Found::Live => Err(bad(
                 path,
                 "another process's buffer pool extension is using it",
@@ -91,8 +93,10 @@ impl ExtensionFile {
     /// Takes over the file a previous process of ours left at `path` if it is `size` bytes
     /// (true: its contents are worth restoring), or creates a new one (false).
     pub fn open(path: &Path, size: u64) -> Result<(ExtensionFile, bool)> {
-        validate_path(path)?;
+        validate_path(path, false)?;
         if let Some((dev, ino)) = stale_extension(path) {
+            // Left by processes that shared it: their index goes with them.
+            remove_shared_memory(dev, ino);
             if let Some(file) = Self::take_over(path, dev, ino, size)? {
                 return Ok((file, true));
             }
@@ -103,6 +107,95 @@ impl ExtensionFile {
             remove_if_same(path, dev, ino);
         }
         Self::create(path, size).map(|f| (f, false))
+    }
+
+    /// Opens the extension at `path` to share it with the other processes that do (see
+    /// `extension/shared`): every participant holds a shared lock on byte 0 (so a process that
+    /// wants the file for itself sees it live and is refused). A file of ours that no process
+    /// holds for itself is joined if it has `size` bytes; one of another size is refused while
+    /// others share it, and replaced if nobody does. A missing file is created.
+    pub fn open_shared(path: &Path, size: u64) -> Result<ExtensionFile> {
+        for _ in 0..3 {
+            if std::fs::symlink_metadata(path).is_err() {
+                match Self::create(path, size) {
+                    Ok(ext) => {
+                        ext.share_lock()?;
+                        return Ok(ext);
+                    }
+                    // Another process created it meanwhile: join it.
+                    Err(Error::ExtensionCreate { source, .. })
+                        if source.kind() == std::io::ErrorKind::AlreadyExists =>
+                    {
+                        continue
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let (dev, ino) = match inspect(path) {
+                Found::Foreign => {
+                    return Err(bad(
+                        path,
+                        "a file already exists there; the extension never overwrites a file",
+                    ))
+                }
+                Found::Stale(dev, ino) => (dev, ino),
+                Found::Live => match std::fs::symlink_metadata(path) {
+                    Ok(m) => (m.dev(), m.ino()),
+                    Err(_) => continue,
+                },
+            };
+            let Ok(file) = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(path)
+            else {
+                continue;
+            };
+            let meta = file.metadata().map_err(|e| bad(path, e.to_string()))?;
+            if (meta.dev(), meta.ino()) != (dev, ino) {
+                continue; // replaced meanwhile
+            }
+            let ext = ExtensionFile {
+                path: path.to_path_buf(),
+                file,
+                dev,
+                ino,
+            };
+            ext.share_lock()?;
+            if meta.len() == size {
+                ext.set_direct()?;
+                return Ok(ext);
+            }
+            // Another size: replace it only if nobody else has it.
+            if !super::ofd::try_exclusive(&ext.file, 0) {
+                return Err(bad(
+                    path,
+                    format!(
+                        "the extension is shared at {} bytes by other processes; detach them \
+                         first to use another size",
+                        meta.len()
+                    ),
+                ));
+            }
+            remove_shared_memory(dev, ino);
+            ext.remove();
+        }
+        Err(bad(path, "it keeps changing while this process opens it"))
+    }
+
+    /// Turns the lock on byte 0 into a shared one (or takes one): refused if a process holds
+    /// the file for itself.
+    fn share_lock(&self) -> Result<()> {
+        if super::ofd::try_shared(&self.file, 0) {
+            Ok(())
+        } else {
+            Err(bad(
+                &self.path,
+                "another process's buffer pool extension is using it for itself; enable it \
+                 shared (BPE_EXTENSION_SHARED=1) in every process to share one",
+            ))
+        }
     }
 
     /// Opens and locks the left-over file (dev, ino) if it still is at `path` with `size` bytes.
@@ -278,6 +371,13 @@ fn lock_request(kind: libc::c_int) -> libc::flock {
     fl.l_start = 0;
     fl.l_len = 1;
     fl
+}
+
+/// Removes the shared memory of the shared extension file (dev, ino), if there is one.
+fn remove_shared_memory(dev: u64, ino: u64) {
+    if let Some(p) = crate::extension::shared::memory_path(super::FileIdentity { dev, ino }) {
+        let _ = std::fs::remove_file(p);
+    }
 }
 
 fn remove_if_same(path: &Path, dev: u64, ino: u64) {

@@ -36,6 +36,12 @@ pub fn try_exclusive(file: &File, byte: u64) -> bool {
     set(file, libc::F_OFD_SETLK, libc::F_WRLCK, byte)
 }
 
+/// Takes a shared lock on `byte` (or turns this description's exclusive one into a shared one)
+/// unless another description holds it exclusively.
+pub fn try_shared(file: &File, byte: u64) -> bool {
+    set(file, libc::F_OFD_SETLK, libc::F_RDLCK, byte)
+}
+
 /// Takes an exclusive lock on `byte`, waiting for other holders to release it (or die).
 pub fn exclusive_wait(file: &File, byte: u64) -> bool {
     set(file, libc::F_OFD_SETLKW, libc::F_WRLCK, byte)

@@ -2,6 +2,7 @@
 
 use super::slab::Slot;
 use crate::config::L1_FRAME_OVERHEAD;
+use crate::extension::shared::SharedRead;
 use crate::page::PageKey;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
@@ -22,6 +23,9 @@ pub struct Frame {
     /// The file's current key (see `page.rs`): once it differs from `key.file`, this frame is a
     /// dead copy that nothing can find, and it is not worth writing to the extension.
     current_key: Option<Arc<AtomicU32>>,
+    /// For a shared extension: the page's shared name and write epoch before its bytes were
+    /// read. None: not offered to a shared extension (it cannot tell the copy is current).
+    pub shared: Option<SharedRead>,
 }
 
 /// A page about to be installed in L1, its bytes still in the caller's buffer: the pool copies
@@ -34,6 +38,7 @@ pub struct NewFrame<'a> {
     pub read_micros: u32,
     pub prefetched: bool,
     pub current_key: Option<Arc<AtomicU32>>,
+    pub shared: Option<SharedRead>,
 }
 
 impl NewFrame<'_> {
@@ -56,6 +61,7 @@ impl Frame {
             last_access_ms: AtomicU64::new(new.now_ms),
             read_micros: new.read_micros,
             current_key: new.current_key,
+            shared: new.shared,
         }
     }
 

@@ -114,11 +114,27 @@ fn attach(
         path,
         open_from: proc_fd.as_deref().unwrap_or(path),
         expect: identity,
-        page_size: 4096,
+        page_size: fd.and_then(header_page_size).unwrap_or(4096),
     })?;
     let watch = handle.client_state(FileWatch::default);
     watch.opened(kind);
     Ok((handle, watch))
+}
+
+/// The page size the database header records (bytes 16-17, big-endian, 1 for 65536), read
+/// through SQLite's descriptor; None for a new or short file. Only a first guess: SQLite's first
+/// page-shaped read sets the size (`adopt_page_size`). A right guess keeps the file's key from
+/// changing then, which would drop what the extension adopted for it at a warm restart.
+fn header_page_size(fd: c_int) -> Option<usize> {
+    let mut b = [0u8; 2];
+    // SAFETY: fd is SQLite's open descriptor of the file for the call; b is writable for 2 bytes.
+    let n = unsafe { libc::pread(fd, b.as_mut_ptr() as *mut c_void, 2, 16) };
+    let size = match (n, u16::from_be_bytes(b)) {
+        (2, 1) => 65536,
+        (2, v) => v as usize,
+        _ => return None,
+    };
+    (size.is_power_of_two() && (512..=65536).contains(&size)).then_some(size)
 }
 
 /// # Safety

@@ -40,7 +40,7 @@ fn counter_rows() -> Vec<Vec<Value>> {
 
 static DESCRIPTORS: TableDef = TableDef {
     name: c"bpe_buffer_descriptors",
-    schema: c"CREATE TABLE x(database_id INTEGER, file_id INTEGER, page_id INTEGER, page_level INTEGER, allocation_unit_id INTEGER, page_type TEXT, row_count INTEGER, free_space_in_bytes INTEGER, is_modified INTEGER, numa_node INTEGER, read_microsec INTEGER, is_in_bpool_extension INTEGER)",
+    schema: c"CREATE TABLE x(database_id INTEGER, file_id INTEGER, page_id INTEGER, page_level INTEGER, allocation_unit_id INTEGER, page_type TEXT, row_count INTEGER, free_space_in_bytes INTEGER, is_modified INTEGER, numa_node INTEGER, read_microsec INTEGER, is_in_bpool_extension INTEGER, loaded_by_process_id INTEGER)",
     rows: descriptor_rows,
 };
 
@@ -75,6 +75,8 @@ fn descriptor_rows() -> Vec<Vec<Value>> {
                 Value::Int(0),
                 Value::Int(d.read_micros as i64),
                 Value::Int((d.tier == Tier::Extension) as i64),
+                // A shared extension's page another process loaded: that process.
+                opt(d.loaded_by.map(i64::from)),
             ]
         })
         .collect()

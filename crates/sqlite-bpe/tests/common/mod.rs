@@ -198,6 +198,7 @@ pub fn bpe_vars() -> impl Iterator<Item = &'static str> {
         "BPE_MAX_SERVER_MEMORY_MB",
         "BPE_EXTENSION_FILE",
         "BPE_EXTENSION_SIZE",
+        "BPE_EXTENSION_SHARED",
         "BPE_DIRECT_IO",
         "BPE_READAHEAD",
     ]

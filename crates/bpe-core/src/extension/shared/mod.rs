@@ -34,8 +34,10 @@
 //! writer that comes round to it. Reads check each page's crc32c (its number and bytes): a
 //! region reused under a reader is a miss.
 
+mod attached;
 mod layout;
 
+pub use attached::{Attached, SharedRead};
 pub use layout::{Geometry, MAX_PARTICIPANTS};
 
 use super::index::IndexStore;
@@ -326,10 +328,11 @@ impl SharedIndex {
             .count()
     }
 
-    /// Leaves the shared extension. The last participant to leave removes the shared memory
-    /// and runs `on_last` (which deletes the extension file) before anyone can attach again.
-    /// Returns whether this was the last.
-    pub fn detach(self, on_last: impl FnOnce()) -> bool {
+    /// Leaves the shared extension; every later call misses or refuses. The last participant
+    /// to leave runs `on_last` (which deletes the extension file) and removes the shared memory,
+    /// unless `keep` (a clean exit: the next process to share the file starts warm from it),
+    /// before anyone can attach again. Returns whether this was the last.
+    pub fn detach(&self, keep: bool, on_last: impl FnOnce()) -> bool {
         let admin = ofd::exclusive_wait(&self.locks, ADMIN_BYTE);
         if let Some(g) = self.lock() {
             g.tables.participants[self.me].attached = 0;
@@ -339,11 +342,12 @@ impl SharedIndex {
                 }
             }
         }
+        self.broken.store(true, Ordering::Relaxed);
         ofd::release(&self.locks, participant_byte(self.me));
         let last = admin
             && !(0..MAX_PARTICIPANTS)
                 .any(|i| ofd::held_elsewhere(&self.locks, participant_byte(i)));
-        if last {
+        if last && !keep {
             self.mem.unlink();
             on_last();
         }
@@ -409,6 +413,41 @@ impl SharedIndex {
             slot: file.slot,
             key: f.key,
         })
+    }
+
+    /// The data file a shared name is for, if its slot still holds it.
+    pub fn identity_of(&self, file: SharedFile) -> Option<FileIdentity> {
+        let g = self.lock()?;
+        let f = &g.tables.files[file.slot as usize];
+        (f.key != 0).then_some(FileIdentity {
+            dev: f.dev,
+            ino: f.ino,
+        })
+    }
+
+    /// Every cached page: (shared key, page, the pid of the process that loaded it).
+    pub fn entries(&self) -> Vec<(FileKey, u64, u32)> {
+        let Some(g) = self.lock() else {
+            return Vec::new();
+        };
+        let t = &g.tables;
+        (0..t.regions.len())
+            .flat_map(|r| {
+                let pid = t.regions[r].owner_pid;
+                t.region_entries(r).map(move |(k, _)| (k.file, k.page, pid))
+            })
+            .collect()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The descriptor holding this participant's lock, for a forked child to close (else the
+    /// child would keep the parent's slot alive after the parent died).
+    pub fn raw_fd(&self) -> i32 {
+        use std::os::unix::io::AsRawFd;
+        self.locks.as_raw_fd()
     }
 
     /// Records the stamp this process's own writes left (under the database lock they were made

@@ -174,10 +174,38 @@ fn the_last_to_detach_removes_everything_and_only_it() {
     let b = SharedIndex::attach(&s.path, geometry()).unwrap();
     let shm = a.mem.path().to_path_buf();
     let mut removed = false;
-    assert!(!a.detach(|| removed = true));
+    assert!(!a.detach(false, || removed = true));
     assert!(!removed && shm.exists());
-    assert!(b.detach(|| removed = true));
+    assert!(b.detach(false, || removed = true));
     assert!(removed && !shm.exists());
+}
+
+#[test]
+fn a_clean_exit_leaves_the_index_for_the_next_process() {
+    let s = setup();
+    let a = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let f = a.bind(stamp(7, 100, false)).unwrap();
+    let c = a.claim_region().unwrap();
+    admit(&a, c, f, 4, a.epoch(f, 4));
+    assert!(a.detach(true, || panic!("kept: nothing is deleted")));
+    assert_eq!(
+        a.lookup(f, 4),
+        Found::Miss,
+        "a detached process is served nothing"
+    );
+    drop(a);
+    let b = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let fb = b.bind(stamp(7, 100, false)).unwrap();
+    assert!(
+        matches!(b.lookup(fb, 4), Found::Hit(_)),
+        "the file is unchanged: warm"
+    );
+    let changed = b.bind(stamp(7, 101, false)).unwrap();
+    assert_eq!(
+        b.lookup(changed, 4),
+        Found::Miss,
+        "changed while nobody watched: cold"
+    );
 }
 
 #[test]

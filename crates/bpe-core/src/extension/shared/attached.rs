@@ -1,0 +1,128 @@
+//! This process's side of a shared extension: which shared name each of its file keys has.
+//!
+//! A local key is bound on first use, from the file's stamp now (see `SharedIndex::bind`): a
+//! key this process just gave a file (first open, a change it could not explain) is exactly
+//! the case of a process that has not been watching. When another process moves the file's
+//! shared key on, the binding follows it (this process's own change detection vouches for its
+//! reads).
+
+use super::{Found, SharedFile, SharedHit, SharedIndex};
+use crate::extension::Location;
+use crate::files::{FileHandle, KnownStamp};
+use crate::page::{FileKey, PageKey};
+use crate::sync::{Rank, RwLock};
+use std::collections::HashMap;
+
+/// Bindings kept at most; past it they are dropped and made again on use.
+const MAX_BINDINGS: usize = 4096;
+
+/// What a read from the data file (or L2) was made under: the page's shared name and write
+/// epoch just before. A page is admitted to a shared extension only with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedRead {
+    pub file: SharedFile,
+    pub epoch: u64,
+}
+
+pub struct Attached {
+    pub index: SharedIndex,
+    bindings: RwLock<HashMap<FileKey, SharedFile>>,
+}
+
+impl Attached {
+    pub fn new(index: SharedIndex) -> Attached {
+        Attached {
+            index,
+            bindings: RwLock::new(Rank::Leaf, HashMap::new()),
+        }
+    }
+
+    fn bound(&self, key: FileKey) -> Option<SharedFile> {
+        self.bindings.read().get(&key).copied()
+    }
+
+    /// The shared name of `file`'s pages under its key `key`, bound now if need be.
+    fn bind(&self, file: &FileHandle, key: FileKey) -> Option<SharedFile> {
+        if let Some(f) = self.bound(key) {
+            return Some(f);
+        }
+        let stamp = KnownStamp::taken_now(file.stamp_now().ok()?);
+        let shared = self.index.bind(stamp)?;
+        let mut b = self.bindings.write();
+        if b.len() >= MAX_BINDINGS {
+            b.clear();
+        }
+        b.insert(key, shared);
+        Some(shared)
+    }
+
+    /// The name and write epoch to read page `key` of `file` under (before reading it).
+    pub fn read_under(&self, file: &FileHandle, key: PageKey) -> Option<SharedRead> {
+        let shared = self.bind(file, key.file)?;
+        Some(SharedRead {
+            file: shared,
+            epoch: self.index.epoch(shared, key.page),
+        })
+    }
+
+    /// Where the page is cached, if it is (the key followed if another process moved it).
+    pub fn locate(&self, key: PageKey) -> Option<SharedHit> {
+        let shared = self.bound(key.file)?;
+        match self.index.lookup(shared, key.page) {
+            Found::Hit(hit) => Some(hit),
+            Found::Miss => None,
+            Found::Moved => {
+                let id = self.index.identity_of(shared)?;
+                let moved = self.index.follow(shared, id)?;
+                self.bindings.write().insert(key.file, moved);
+                match self.index.lookup(moved, key.page) {
+                    Found::Hit(hit) => Some(hit),
+                    _ => None,
+                }
+            }
+        }
+    }
+
+    /// Removes the page's entry if it still is `location` (a read failed its checksum).
+    pub fn drop_if(&self, key: PageKey, location: Location) -> bool {
+        self.bound(key.file)
+            .is_some_and(|f| self.index.drop_if(f, key.page, location))
+    }
+
+    /// Invalidates the page for every process (before and after this process writes it).
+    pub fn invalidate(&self, file: &FileHandle, key: PageKey) {
+        if let Some(f) = self.bind(file, key.file) {
+            self.index.invalidate(f, key.page);
+        }
+    }
+
+    /// After this process's own write: the file's stamp now vouches for its entries.
+    pub fn vouch(&self, file: &FileHandle, key: FileKey) {
+        if let (Some(f), Ok(stamp)) = (self.bound(key), file.stamp_now()) {
+            self.index.vouch(f, KnownStamp::taken_now(stamp));
+        }
+    }
+
+    /// Forgets every page of the file under `key` (all bound files if None), for every process.
+    pub fn forget(&self, key: Option<FileKey>) {
+        let forgotten: Vec<SharedFile> = {
+            let mut b = self.bindings.write();
+            match key {
+                Some(k) => b.remove(&k).into_iter().collect(),
+                None => b.drain().map(|(_, f)| f).collect(),
+            }
+        };
+        for f in forgotten {
+            self.index.forget_file(f);
+        }
+    }
+
+    /// The local key of each shared key this process has bound.
+    pub fn local_keys(&self) -> HashMap<FileKey, FileKey> {
+        self.bindings
+            .read()
+            .iter()
+            .map(|(local, shared)| (shared.key, *local))
+            .collect()
+    }
+}
