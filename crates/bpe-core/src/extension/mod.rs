@@ -529,6 +529,8 @@ impl Extension {
         if self.failed.load(Relaxed) || keys.is_empty() {
             return None;
         }
+        // Which pages another process loaded (counted once verified).
+        let mut theirs_flags = Vec::new();
         let run: Vec<Location> = match &self.shared {
             // One lookup at a time: each holds the shared lock for its own.
             Some(_) => {
@@ -536,10 +538,11 @@ impl Extension {
                 let mut next = first.offset + first.len as u64;
                 keys.iter()
                     .map_while(|&k| {
-                        let (loc, _) = self
+                        let (loc, theirs) = self
                             .locate(k)
                             .filter(|(l, _)| l.offset == next && l.len == page_len)?;
                         next += page_len as u64;
+                        theirs_flags.push(theirs);
                         Some(loc)
                     })
                     .collect()
@@ -590,6 +593,10 @@ impl Extension {
             self.counters
                 .ext_page_reads
                 .fetch_add(out.len as u64, Relaxed);
+            let theirs = theirs_flags.iter().take(out.len).filter(|&&t| t).count();
+            self.counters
+                .ext_shared_page_reads
+                .fetch_add(theirs as u64, Relaxed);
             self.touch_region(first.offset);
         }
         Some(out)
@@ -683,13 +690,12 @@ impl Extension {
     pub fn entries(&self) -> Vec<(PageKey, u64, Option<u32>)> {
         if let Some(s) = &self.shared {
             let local = s.local_keys();
-            let me = s.index.pid();
             return s
                 .index
                 .entries()
                 .into_iter()
-                .filter_map(|(key, page, pid)| {
-                    let by = (pid != me).then_some(pid);
+                .filter_map(|(key, page, pid, mine)| {
+                    let by = (!mine).then_some(pid);
                     Some((PageKey::new(*local.get(&key)?, page), 0, by))
                 })
                 .collect();

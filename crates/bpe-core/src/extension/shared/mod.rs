@@ -425,16 +425,22 @@ impl SharedIndex {
         })
     }
 
-    /// Every cached page: (shared key, page, the pid of the process that loaded it).
-    pub fn entries(&self) -> Vec<(FileKey, u64, u32)> {
+    /// Every cached page: (shared key, page, the pid of the process that loaded it, whether
+    /// this participant did).
+    pub fn entries(&self) -> Vec<(FileKey, u64, u32, bool)> {
         let Some(g) = self.lock() else {
             return Vec::new();
         };
         let t = &g.tables;
         (0..t.regions.len())
             .flat_map(|r| {
-                let pid = t.regions[r].owner_pid;
-                t.region_entries(r).map(move |(k, _)| (k.file, k.page, pid))
+                let slot = &t.regions[r];
+                let (pid, mine) = (
+                    slot.owner_pid,
+                    slot.owner as usize == self.me && slot.owner_pid == self.pid,
+                );
+                t.region_entries(r)
+                    .map(move |(k, _)| (k.file, k.page, pid, mine))
             })
             .collect()
     }

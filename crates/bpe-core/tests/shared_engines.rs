@@ -1,0 +1,125 @@
+//! Two engines sharing one extension (`Config::shared_extension`), in one process: each is a
+//! participant of its own (its own descriptions of the file, its own lock byte), as two
+//! processes would be. What one loads the other reads from L2; a write through either
+//! invalidates for both; a resize is refused while the other is attached; the file goes with
+//! the last one. The multi-process crash tests are shared_extension.rs and sqlite-bpe's shared.rs.
+
+mod common;
+use bpe_core::{Config, Engine, ExtensionState, Tier};
+use common::*;
+use std::sync::Arc;
+
+const EXT: u64 = 16 << 20;
+
+fn shared_engine() -> Arc<Engine> {
+    Engine::new(Config {
+        max_memory: 4 << 20,
+        shared_extension: true,
+        ..Config::default()
+    })
+}
+
+/// Lets the file's timestamps age past the window in which a stamp cannot vouch for it.
+fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(80));
+}
+
+#[test]
+fn what_one_engine_loads_the_other_reads_from_l2_and_a_write_invalidates_it_for_both() {
+    let dir = tempdir();
+    let data = make_file(dir.path(), "data", 64, PAGE);
+    settle();
+    let ext = dir.path().join("ext.bpe");
+    let (a, b) = (shared_engine(), shared_engine());
+    let (fa, fb) = (
+        a.open_file(&data, PAGE).unwrap(),
+        b.open_file(&data, PAGE).unwrap(),
+    );
+    a.enable_extension(&ext, EXT).unwrap();
+    b.enable_extension(&ext, EXT).unwrap();
+    // Out of order: no readahead, one page per read.
+    let order: Vec<u64> = (0..64).map(|i| (i * 37) % 64).collect();
+    for &p in &order {
+        assert_eq!(decode(&read(&a, &fa, p).0), Some((p, 0)));
+    }
+    assert!(a.wait_for_extension_writes(WAIT));
+    for &p in &order {
+        let (bytes, tier) = read(&b, &fb, p);
+        assert_eq!(decode(&bytes), Some((p, 0)));
+        // From L2, or from RAM where L2's readahead brought it first.
+        assert_ne!(tier, Tier::DataFile, "page {p}: b finds what a loaded");
+    }
+    let k = b.counters();
+    assert_eq!(k.page_reads, 0, "b read nothing from the data file");
+    assert_eq!(
+        k.ext_shared_page_reads, 64,
+        "counted as other participants' pages"
+    );
+    assert_eq!(k.ext_shared_processes, 2);
+    assert!(b
+        .descriptors()
+        .iter()
+        .filter(|d| d.tier == Tier::Extension)
+        .all(|d| d.loaded_by == Some(std::process::id())));
+    assert_eq!(
+        a.counters().ext_shared_page_reads,
+        0,
+        "a's own pages are a's"
+    );
+
+    // b writes page 5; a forgets its RAM copy (its change detection would) and reads it again:
+    // the L2 copy a loaded is gone, for a too.
+    b.write_page(&fb, 5, &page_bytes(5, 1, PAGE)).unwrap();
+    a.forget_pages(&fa, &[5]);
+    assert_eq!(decode(&read(&a, &fa, 5).0), Some((5, 1)));
+    a.write_page(&fa, 6, &page_bytes(6, 1, PAGE)).unwrap();
+    b.forget_pages(&fb, &[6]);
+    assert_eq!(decode(&read(&b, &fb, 6).0), Some((6, 1)));
+    a.check_invariants();
+    b.check_invariants();
+}
+
+#[test]
+fn a_resize_waits_for_the_others_and_the_file_goes_with_the_last() {
+    let dir = tempdir();
+    let data = make_file(dir.path(), "data", 8, PAGE);
+    let ext = dir.path().join("ext.bpe");
+    let (a, b) = (shared_engine(), shared_engine());
+    a.open_file(&data, PAGE).unwrap();
+    a.enable_extension(&ext, EXT).unwrap();
+    b.enable_extension(&ext, EXT).unwrap();
+    let err = a.resize_extension(2 * EXT).unwrap_err().to_string();
+    assert!(
+        err.contains("shared at") && err.contains("detach them"),
+        "{err}"
+    );
+    let status = a.extension_status();
+    assert_eq!(
+        status.state,
+        ExtensionState::Enabled,
+        "the old size is back"
+    );
+    assert_eq!(status.size_bytes, EXT);
+    b.disable_extension().unwrap();
+    assert!(ext.exists(), "a still uses it");
+    a.resize_extension(2 * EXT).unwrap();
+    assert_eq!(a.extension_status().size_bytes, 2 * EXT);
+    a.disable_extension().unwrap();
+    assert!(!ext.exists(), "the last to leave removed it");
+}
+
+#[test]
+fn a_private_extension_and_a_shared_one_never_use_one_file() {
+    let dir = tempdir();
+    let ext = dir.path().join("ext.bpe");
+    let (shared, private) = (shared_engine(), engine(4 << 20));
+    shared.enable_extension(&ext, EXT).unwrap();
+    let err = private.enable_extension(&ext, EXT).unwrap_err().to_string();
+    assert!(err.contains("using it"), "{err}");
+    shared.disable_extension().unwrap();
+    private.enable_extension(&ext, EXT).unwrap();
+    let err = shared.enable_extension(&ext, EXT).unwrap_err().to_string();
+    assert!(err.contains("for itself"), "{err}");
+    assert_eq!(shared.extension_status().state, ExtensionState::Disabled);
+    private.disable_extension().unwrap();
+}
