@@ -123,3 +123,41 @@ fn a_private_extension_and_a_shared_one_never_use_one_file() {
     assert_eq!(shared.extension_status().state, ExtensionState::Disabled);
     private.disable_extension().unwrap();
 }
+
+/// Pages in RAM from an earlier attachment are never offered to a later one: a new segment
+/// hands out the same names again (the first file bound gets slot 0, key 1), so a frame of file
+/// x read under the old one would be published as another file's page.
+#[test]
+fn frames_read_under_an_earlier_attachment_are_not_admitted_to_a_later_one() {
+    let dir = tempdir();
+    let x = make_file(dir.path(), "x", 2048, PAGE);
+    let y = dir.path().join("y");
+    let mut all = Vec::new();
+    for p in 0..64 {
+        all.extend_from_slice(&page_bytes(p, 7, PAGE));
+    }
+    std::fs::write(&y, all).unwrap();
+    settle();
+    let ext = dir.path().join("ext.bpe");
+    let (a, b) = (shared_engine(), shared_engine());
+    let fx = a.open_file(&x, PAGE).unwrap();
+    a.enable_extension(&ext, EXT).unwrap();
+    for p in 0..64 {
+        read(&a, &fx, p); // in a's RAM, read under the first segment
+    }
+    a.disable_extension().unwrap(); // the last: the segment goes
+    let fy = b.open_file(&y, PAGE).unwrap();
+    b.enable_extension(&ext, EXT).unwrap();
+    read(&b, &fy, 0); // y is the new segment's first file: slot 0, key 1
+    a.enable_extension(&ext, EXT).unwrap();
+    // a reads the rest of x: its RAM (4 MB) evicts the pages read under the old segment.
+    for p in 64..2048 {
+        read(&a, &fx, p);
+    }
+    assert!(a.wait_for_extension_writes(WAIT));
+    // Pages 1.. of y are not in b's RAM: from L2 (where x's old frames would have landed under
+    // y's name) or from the file.
+    for p in 1..64 {
+        assert_eq!(decode(&read(&b, &fy, p).0), Some((p, 7)), "page {p} of y");
+    }
+}

@@ -191,11 +191,12 @@ impl Worker {
     fn write(&mut self, page: u64) {
         flock(&self.data, libc::LOCK_EX);
         let version = u64::from_le_bytes(self.read_data(page)[8..16].try_into().unwrap());
-        self.index.invalidate(self.file, page);
+        let id = FileStamp::of_metadata(&self.data.metadata().unwrap()).identity;
+        self.index.invalidate(self.file, page, id);
         self.data
             .write_all_at(&page_bytes(page, version + 1), page * PAGE as u64)
             .unwrap();
-        self.index.invalidate(self.file, page);
+        self.index.invalidate(self.file, page, id);
         self.index.vouch(self.file, stamp(&self.data));
         flock(&self.data, libc::LOCK_UN);
         self.writes += 1;

@@ -511,7 +511,11 @@ impl Engine {
                 Ok(())
             }
             Err(source) => {
-                // What reached the disk is unknown: cache nothing of this page.
+                // What reached the disk is unknown: cache nothing of this page (and a shared
+                // extension invalidates it again, as after any write).
+                if let Some(e) = &ext {
+                    e.written(file, key);
+                }
                 self.pool.finish_write(ticket, None, self);
                 Err(Error::DataIo {
                     path: file.path().to_path_buf(),

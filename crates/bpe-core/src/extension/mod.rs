@@ -368,8 +368,9 @@ impl Extension {
             return;
         }
         if let Some(s) = &self.shared {
-            // Without what its read was made under, a copy cannot be shown current to others.
-            if frame.shared.is_none() || s.locate(frame.key).is_some() {
+            // Without what its read was made under (in this attachment: names and epochs of
+            // an earlier one mean nothing here), a copy cannot be shown current to others.
+            if !frame.shared.is_some_and(|r| s.made_here(&r)) || s.locate(frame.key).is_some() {
                 return;
             }
         }
@@ -712,8 +713,10 @@ impl Extension {
     pub fn shutdown(&self) {
         self.stop_writer();
         match &self.shared {
-            // The file goes with the last process that shares it.
+            // The file goes with the last process that shares it (which probes byte 0 for
+            // others: this process's own hold on it goes first).
             Some(s) => {
+                self.file.file().unlock();
                 s.index.detach(false, || self.file.file().remove());
             }
             None => self.file.file().remove(),

@@ -234,7 +234,11 @@ impl Writer {
             drop(t);
             if let (Some(index), Some(claim)) = (ext.shared(), self.claim) {
                 // Published after the bytes are written: no entry points at bytes not there.
-                index.publish(claim, &shared);
+                if index.publish(claim, &shared).is_none() {
+                    // The claim was voided (a recovery): never write into the region again.
+                    self.claim = None;
+                    self.fill = REGION_BYTES as usize;
+                }
             }
             ext.index_changed.store(true, Relaxed);
             // Faults must be consecutive to disable the extension: a good write ends a streak.

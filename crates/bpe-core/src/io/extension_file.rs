@@ -115,6 +115,26 @@ impl ExtensionFile {
     /// holds for itself is joined if it has `size` bytes; one of another size is refused while
     /// others share it, and replaced if nobody does. A missing file is created.
     pub fn open_shared(path: &Path, size: u64) -> Result<ExtensionFile> {
+        // Another process may be creating the file this moment (it has no mark yet, or holds
+        // byte 0 for itself until it is laid out): a refusal then is retried for a while.
+        let mut last = None;
+        for _ in 0..100 {
+            match Self::try_open_shared(path, size) {
+                Ok(ext) => return Ok(ext),
+                Err(e) if Self::may_be_in_creation(&e) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Err(last.unwrap_or_else(|| bad(path, "it keeps changing while this process opens it")))
+    }
+
+    fn may_be_in_creation(e: &Error) -> bool {
+        let text = e.to_string();
+        text.contains("already exists there") || text.contains("for itself")
+    }
+
+    fn try_open_shared(path: &Path, size: u64) -> Result<ExtensionFile> {
         for _ in 0..3 {
             if std::fs::symlink_metadata(path).is_err() {
                 match Self::create(path, size) {

@@ -31,10 +31,11 @@ impl SharedMemory {
         crate::published::own_directory().map(|d| d.join(name))
     }
 
-    /// Opens (creating if missing) the shared memory at `path`, `len` bytes (a file of another
-    /// length is made that length, zeroed), and maps it. Refused unless it is a regular file of
-    /// this user's, mode 0600. The caller serializes opening and checks what it finds.
-    pub fn open(path: &Path, len: usize) -> std::io::Result<SharedMemory> {
+    /// Opens (creating if missing) the shared memory at `path`, `len` bytes, and maps it. A file
+    /// of another length is made that length, zeroed, if `may_resize` (nobody else uses it), and
+    /// refused otherwise. Refused unless it is a regular file of this user's, mode 0600. The
+    /// caller serializes opening and checks what it finds.
+    pub fn open(path: &Path, len: usize, may_resize: bool) -> std::io::Result<SharedMemory> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -52,6 +53,13 @@ impl SharedMemory {
             ));
         }
         if meta.len() != len as u64 {
+            if !may_resize {
+                return Err(std::io::Error::other(format!(
+                    "it is {} bytes where this extension needs {len}: the processes attached \
+                     to it use another extension size or version; detach them first",
+                    meta.len()
+                )));
+            }
             file.set_len(0)?;
             file.set_len(len as u64)?;
         }

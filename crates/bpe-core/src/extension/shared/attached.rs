@@ -9,9 +9,15 @@
 use super::{Found, SharedFile, SharedHit, SharedIndex};
 use crate::extension::Location;
 use crate::files::{FileHandle, KnownStamp};
+use crate::io::FileIdentity;
 use crate::page::{FileKey, PageKey};
 use crate::sync::{Rank, RwLock};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Numbers this process's attachments: a read made under one is worth nothing under another
+/// (a later attachment may be to a new segment, whose names start again from the same values).
+static ATTACHMENTS: AtomicU64 = AtomicU64::new(1);
 
 /// Bindings kept at most; past it they are dropped and made again on use.
 const MAX_BINDINGS: usize = 4096;
@@ -22,11 +28,16 @@ const MAX_BINDINGS: usize = 4096;
 pub struct SharedRead {
     pub file: SharedFile,
     pub epoch: u64,
+    /// The attachment it was made under (see `Attached::id`).
+    pub attachment: u64,
 }
 
 pub struct Attached {
     pub index: SharedIndex,
-    bindings: RwLock<HashMap<FileKey, SharedFile>>,
+    /// Local key -> the shared name and the file it names (a slot may be given to another file
+    /// later: the identity tells).
+    bindings: RwLock<HashMap<FileKey, (SharedFile, FileIdentity)>>,
+    id: u64,
 }
 
 impl Attached {
@@ -34,11 +45,17 @@ impl Attached {
         Attached {
             index,
             bindings: RwLock::new(Rank::Leaf, HashMap::new()),
+            id: ATTACHMENTS.fetch_add(1, Relaxed),
         }
     }
 
+    /// Whether `read` was made under this attachment (frames outlive attachments).
+    pub fn made_here(&self, read: &SharedRead) -> bool {
+        read.attachment == self.id
+    }
+
     fn bound(&self, key: FileKey) -> Option<SharedFile> {
-        self.bindings.read().get(&key).copied()
+        self.bindings.read().get(&key).map(|b| b.0)
     }
 
     /// The shared name of `file`'s pages under its key `key`, bound now if need be.
@@ -52,7 +69,7 @@ impl Attached {
         if b.len() >= MAX_BINDINGS {
             b.clear();
         }
-        b.insert(key, shared);
+        b.insert(key, (shared, file.identity()));
         Some(shared)
     }
 
@@ -62,19 +79,23 @@ impl Attached {
         Some(SharedRead {
             file: shared,
             epoch: self.index.epoch(shared, key.page),
+            attachment: self.id,
         })
     }
 
     /// Where the page is cached, if it is (the key followed if another process moved it).
     pub fn locate(&self, key: PageKey) -> Option<SharedHit> {
-        let shared = self.bound(key.file)?;
+        let (shared, id) = *self.bindings.read().get(&key.file)?;
         match self.index.lookup(shared, key.page) {
             Found::Hit(hit) => Some(hit),
             Found::Miss => None,
             Found::Moved => {
-                let id = self.index.identity_of(shared)?;
-                let moved = self.index.follow(shared, id)?;
-                self.bindings.write().insert(key.file, moved);
+                let Some(moved) = self.index.follow(shared, id) else {
+                    // Its slot went to another file: bound again from the stamp on next use.
+                    self.bindings.write().remove(&key.file);
+                    return None;
+                };
+                self.bindings.write().insert(key.file, (moved, id));
                 match self.index.lookup(moved, key.page) {
                     Found::Hit(hit) => Some(hit),
                     _ => None,
@@ -92,7 +113,7 @@ impl Attached {
     /// Invalidates the page for every process (before and after this process writes it).
     pub fn invalidate(&self, file: &FileHandle, key: PageKey) {
         if let Some(f) = self.bind(file, key.file) {
-            self.index.invalidate(f, key.page);
+            self.index.invalidate(f, key.page, file.identity());
         }
     }
 
@@ -108,8 +129,8 @@ impl Attached {
         let forgotten: Vec<SharedFile> = {
             let mut b = self.bindings.write();
             match key {
-                Some(k) => b.remove(&k).into_iter().collect(),
-                None => b.drain().map(|(_, f)| f).collect(),
+                Some(k) => b.remove(&k).into_iter().map(|b| b.0).collect(),
+                None => b.drain().map(|(_, b)| b.0).collect(),
             }
         };
         for f in forgotten {
@@ -122,7 +143,7 @@ impl Attached {
         self.bindings
             .read()
             .iter()
-            .map(|(local, shared)| (shared.key, *local))
+            .map(|(local, (shared, _))| (shared.key, *local))
             .collect()
     }
 }

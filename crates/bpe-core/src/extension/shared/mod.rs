@@ -197,7 +197,9 @@ impl SharedIndex {
             .filter(|&i| ofd::held_elsewhere(&locks, participant_byte(i)))
             .count();
         let layout = Layout::new(geometry);
-        let mem = SharedMemory::open(&shm, layout.len)
+        // Never resized under processes attached to it: a segment of another length is theirs,
+        // of another size or version, and is refused below.
+        let mem = SharedMemory::open(&shm, layout.len, others == 0)
             .map_err(|e| bad(path, format!("its shared memory {}: {e}", shm.display())))?;
         let me = (0..MAX_PARTICIPANTS)
             .find(|&i| ofd::try_exclusive(&locks, participant_byte(i)))
@@ -344,13 +346,17 @@ impl SharedIndex {
         }
         self.broken.store(true, Ordering::Relaxed);
         ofd::release(&self.locks, participant_byte(self.me));
+        // Last: no participant left, and nobody between opening the file and attaching (they
+        // hold byte 0 shared, as every participant's file does; the caller released its own).
         let last = admin
             && !(0..MAX_PARTICIPANTS)
-                .any(|i| ofd::held_elsewhere(&self.locks, participant_byte(i)));
+                .any(|i| ofd::held_elsewhere(&self.locks, participant_byte(i)))
+            && ofd::try_exclusive(&self.locks, 0);
         if last && !keep {
             self.mem.unlink();
             on_last();
         }
+        ofd::release(&self.locks, 0);
         if admin {
             ofd::release(&self.locks, ADMIN_BYTE);
         }
@@ -497,14 +503,31 @@ impl SharedIndex {
         self.stripe(file, page).load(Ordering::SeqCst)
     }
 
-    /// Invalidates the page for every process: called before its bytes go to the data file and
-    /// again after (a read that overlapped the write cannot be admitted either way).
-    pub fn invalidate(&self, file: SharedFile, page: u64) {
-        self.stripe(file, page).fetch_add(1, Ordering::SeqCst);
-        if let Some(mut g) = self.lock() {
-            let key = g.tables.files[file.slot as usize].key;
-            g.tables.remove(PageKey::new(key, page));
-        }
+    /// Invalidates page `page` of the file `id` (named `file` when this process bound it) for
+    /// every process: called before its bytes go to the data file and again after (a read
+    /// that overlapped the write cannot be admitted either way). The file is found by identity:
+    /// its slot may have gone to another file since the binding.
+    pub fn invalidate(&self, file: SharedFile, page: u64, id: FileIdentity) {
+        let Some(mut g) = self.lock() else {
+            return; // nobody can look anything up either
+        };
+        let t = &mut g.tables;
+        let holds = |f: &layout::FileSlot| f.key != 0 && (f.dev, f.ino) == (id.dev, id.ino);
+        let slot = match holds(&t.files[file.slot as usize]) {
+            true => Some(file.slot),
+            false => t.files.iter().position(holds).map(|s| s as u32),
+        };
+        let Some(slot) = slot else {
+            return; // not in the table: nothing of it is cached
+        };
+        let named = SharedFile {
+            slot,
+            key: t.files[slot as usize].key,
+        };
+        // Under the lock, before the removal: a publication either sees the new epoch, or
+        // came first and is removed here.
+        self.stripe(named, page).fetch_add(1, Ordering::SeqCst);
+        t.remove(PageKey::new(named.key, page));
     }
 
     /// Where the page is cached, if it is. The caller reads it and checks it against the crc.
@@ -575,14 +598,12 @@ impl SharedIndex {
     }
 
     /// Publishes pages written into the claimed region: each one whose file key and write epoch
-    /// are unchanged since its read is indexed. Returns how many were; none if the claim was
-    /// voided (a recovery emptied the index meanwhile).
-    pub fn publish(&self, claim: Claim, pages: &[Admission]) -> usize {
-        let Some(mut g) = self.lock() else {
-            return 0;
-        };
+    /// are unchanged since its read is indexed. Returns how many were; None if the claim no
+    /// longer stands (a recovery emptied the index meanwhile): the writer must claim anew.
+    pub fn publish(&self, claim: Claim, pages: &[Admission]) -> Option<usize> {
+        let mut g = self.lock()?;
         if !self.holds(&g.tables, claim) {
-            return 0;
+            return None;
         }
         let mut indexed = 0;
         for a in pages {
@@ -601,7 +622,7 @@ impl SharedIndex {
                 indexed += 1;
             }
         }
-        indexed
+        Some(indexed)
     }
 
     fn holds(&self, t: &Tables<'_>, claim: Claim) -> bool {

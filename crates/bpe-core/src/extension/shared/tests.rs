@@ -44,7 +44,7 @@ fn admit(index: &SharedIndex, claim: Claim, file: SharedFile, page: u64, epoch: 
         crc: page as u32,
         epoch,
     };
-    index.publish(claim, &[a])
+    index.publish(claim, &[a]).unwrap_or(0)
 }
 
 impl Drop for Setup {
@@ -116,10 +116,11 @@ fn a_write_voids_an_admission_read_before_it_and_removes_one_made_after() {
     let f = a.bind(stamp(9, 100, false)).unwrap();
     let claim = a.claim_region().unwrap();
     let before = a.epoch(f, 5);
-    b.invalidate(f, 5); // b writes page 5 while a's copy waits for its writer
+    let id = FileIdentity { dev: 1, ino: 9 };
+    b.invalidate(f, 5, id); // b writes page 5 while a's copy waits for its writer
     assert_eq!(admit(&a, claim, f, 5, before), 0, "read before the write");
     assert_eq!(admit(&a, claim, f, 5, a.epoch(f, 5)), 1, "read after it");
-    b.invalidate(f, 5);
+    b.invalidate(f, 5, id);
     assert_eq!(a.lookup(f, 5), Found::Miss, "a later write removes it");
     // Other pages are untouched (unless they share a stripe: then conservatively refused).
     assert_eq!(admit(&a, claim, f, 6, a.epoch(f, 6)), 1);
@@ -278,7 +279,10 @@ fn seeded_interleavings_never_serve_a_stale_page() {
                     let (w, p, step) = writing.unwrap_or((who, page, 0));
                     let part = &parts[w];
                     match step {
-                        0 | 2 => part.index.invalidate(part.file, p),
+                        0 | 2 => {
+                            part.index
+                                .invalidate(part.file, p, FileIdentity { dev: 1, ino: 5 })
+                        }
                         _ => versions[p as usize] += 1,
                     }
                     writing = (step < 2).then_some((w, p, step + 1));
@@ -371,4 +375,36 @@ impl Sim {
             .collect();
         self.index.publish(claim, &pages);
     }
+}
+
+#[test]
+fn a_slot_given_to_another_file_is_never_followed_into_or_invalidated_through() {
+    let s = setup();
+    let a = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let x = FileIdentity { dev: 1, ino: 1 };
+    let fx = a.bind(stamp(1, 100, false)).unwrap();
+    // 1024 other files: x's slot (the oldest key) goes to one of them.
+    let mut last = fx;
+    for ino in 2..=layout::MAX_FILES as u64 + 1 {
+        last = a.bind(stamp(ino, 100, false)).unwrap();
+    }
+    assert_eq!(last.slot, fx.slot, "the oldest binding's slot was reused");
+    assert_eq!(a.lookup(fx, 0), Found::Moved);
+    assert_eq!(
+        a.follow(fx, x),
+        None,
+        "x's old name leads to another file: bind again"
+    );
+    // x bound again gets a slot of its own; an invalidation under the stale name finds it.
+    let fx2 = a.bind(stamp(1, 100, false)).unwrap();
+    let c = a.claim_region().unwrap();
+    admit(&a, c, fx2, 3, a.epoch(fx2, 3));
+    let y = last;
+    admit(&a, c, y, 4, a.epoch(y, 4));
+    a.invalidate(fx, 3, x);
+    assert_eq!(a.lookup(fx2, 3), Found::Miss, "x's page 3 is gone");
+    assert!(
+        matches!(a.lookup(y, 4), Found::Hit(_)),
+        "the other file is untouched"
+    );
 }
