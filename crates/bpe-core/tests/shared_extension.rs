@@ -273,6 +273,18 @@ fn seed() -> u64 {
     )
 }
 
+/// The children alive: killed if the test fails midway (else they would run on, orphaned).
+struct Children(Vec<std::process::Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// The child's report, if it finished by itself: (hits, hits on pages another process loaded).
 fn finish(child: std::process::Child) -> (u64, u64) {
     let out = child.wait_with_output().unwrap();
@@ -315,23 +327,28 @@ fn survivors_of_random_sigkills_never_serve_a_stale_page() {
     // The parent stays attached throughout, so the shared memory lives across all the kills.
     let observer = SharedIndex::attach(&ext, geometry()).unwrap();
 
-    let mut children: Vec<_> = (0..4)
-        .map(|_| spawn(&data, &ext, &stop, rng.gen()))
-        .collect();
+    let mut children = Children(
+        (0..4)
+            .map(|_| spawn(&data, &ext, &stop, rng.gen()))
+            .collect(),
+    );
     let mut kills = 0;
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(4) {
         std::thread::sleep(Duration::from_millis(rng.gen_range(10..120)));
-        let victim = rng.gen_range(0..children.len());
-        children[victim].kill().unwrap();
-        let status = children[victim].wait().unwrap();
+        let victim = rng.gen_range(0..children.0.len());
+        children.0[victim].kill().unwrap();
+        let status = children.0[victim].wait().unwrap();
         // Killed, or already failed by itself (a stale page): the latter must not pass.
         assert!(status.code().is_none(), "child failed by itself: {status}");
         kills += 1;
-        children[victim] = spawn(&data, &ext, &stop, rng.gen());
+        children.0[victim] = spawn(&data, &ext, &stop, rng.gen());
     }
     std::fs::write(&stop, b"").unwrap();
-    let reports: Vec<_> = children.into_iter().map(finish).collect();
+    let reports: Vec<_> = std::mem::take(&mut children.0)
+        .into_iter()
+        .map(finish)
+        .collect();
     let hits: u64 = reports.iter().map(|r| r.0).sum();
     let others: u64 = reports.iter().map(|r| r.1).sum();
     println!("{kills} kills; survivors: {hits} hits, {others} on pages another process loaded");

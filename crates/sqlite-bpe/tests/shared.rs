@@ -138,6 +138,18 @@ fn shared_reads(out: &Path) -> i64 {
         .unwrap_or(0)
 }
 
+/// The children alive: killed if the test fails midway (else they would run on, orphaned).
+struct Children(Vec<std::process::Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 fn killed(mut child: std::process::Child) {
     let _ = child.kill();
     let status = child.wait().unwrap();
@@ -164,23 +176,25 @@ fn run(journal: &str) {
     create_db(&db, journal);
     let out = |n: usize| dir.path().join(format!("child-{n}.out"));
     let mut spawned = 0;
-    let mut children: Vec<_> = (0..3)
-        .map(|_| {
-            spawned += 1;
-            spawn(&db, &ext, &out(spawned), rng.gen())
-        })
-        .collect();
+    let mut children = Children(
+        (0..3)
+            .map(|_| {
+                spawned += 1;
+                spawn(&db, &ext, &out(spawned), rng.gen())
+            })
+            .collect(),
+    );
     let started = Instant::now();
     let mut kills = 0;
     while started.elapsed() < Duration::from_secs(4) {
         std::thread::sleep(Duration::from_millis(rng.gen_range(100..500)));
-        let victim = rng.gen_range(0..children.len());
+        let victim = rng.gen_range(0..children.0.len());
         spawned += 1;
         let fresh = spawn(&db, &ext, &out(spawned), rng.gen());
-        killed(std::mem::replace(&mut children[victim], fresh));
+        killed(std::mem::replace(&mut children.0[victim], fresh));
         kills += 1;
     }
-    children.into_iter().for_each(killed);
+    std::mem::take(&mut children.0).into_iter().for_each(killed);
     let shared: i64 = (1..=spawned).map(|n| shared_reads(&out(n))).sum();
     println!("{journal}: {kills} kills, {shared} extension reads of pages other processes loaded");
     let c = open_unix(&db);
