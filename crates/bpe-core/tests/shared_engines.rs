@@ -70,6 +70,15 @@ fn what_one_engine_loads_the_other_reads_from_l2_and_a_write_invalidates_it_for_
     // b writes page 5; a forgets its RAM copy (its change detection would) and reads it again:
     // the L2 copy a loaded is gone, for a too.
     b.write_page(&fb, 5, &page_bytes(5, 1, PAGE)).unwrap();
+    let in_l2 = |e: &Engine, page: u64| {
+        e.descriptors()
+            .iter()
+            .any(|d| d.tier == Tier::Extension && d.page == page)
+    };
+    assert!(
+        !in_l2(&a, 5),
+        "b's write removed the copy a loaded, before a forgets anything"
+    );
     a.forget_pages(&fa, &[5]);
     assert_eq!(decode(&read(&a, &fa, 5).0), Some((5, 1)));
     a.write_page(&fa, 6, &page_bytes(6, 1, PAGE)).unwrap();
