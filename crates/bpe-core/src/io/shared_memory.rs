@@ -33,9 +33,15 @@ impl SharedMemory {
 
     /// Opens (creating if missing) the shared memory at `path`, `len` bytes, and maps it. A file
     /// of another length is made that length, zeroed, if `may_resize` (nobody else uses it), and
-    /// refused otherwise. Refused unless it is a regular file of this user's, mode 0600. The
-    /// caller serializes opening and checks what it finds.
+    /// refused otherwise. Refused unless it is a regular file of this user's, mode 0600, and
+    /// unless its memory can be reserved (a full /dev/shm). The caller serializes opening and
+    /// checks what it finds. Every error names the path.
     pub fn open(path: &Path, len: usize, may_resize: bool) -> std::io::Result<SharedMemory> {
+        Self::open_unnamed(path, len, may_resize)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+    }
+
+    fn open_unnamed(path: &Path, len: usize, may_resize: bool) -> std::io::Result<SharedMemory> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -49,7 +55,7 @@ impl SharedMemory {
         if !meta.is_file() || meta.uid() != uid || meta.mode() & 0o7777 != 0o600 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::PermissionDenied,
-                format!("{} is not this user's private file", path.display()),
+                "it is not this user's private file",
             ));
         }
         if meta.len() != len as u64 {
@@ -63,8 +69,10 @@ impl SharedMemory {
             file.set_len(0)?;
             file.set_len(len as u64)?;
         }
-        // SAFETY: maps `len` bytes of a file that long, shared, read-write; the mapping is
-        // unmapped in Drop and never handed out beyond the life of self.
+        // Every time, also when the file was there: whoever sized it may not have reserved it.
+        reserve(&file, path, len)?;
+        // SAFETY: maps `len` bytes of a file that long, its memory reserved, shared, read-write;
+        // the mapping is unmapped in Drop and never handed out beyond the life of self.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -87,10 +95,12 @@ impl SharedMemory {
     }
 
     /// Zeroes the whole mapping (the file is emptied and regrown: its pages are freed, not
-    /// written). Only while no other process uses it.
+    /// written, then reserved again). Only while no other process uses it. After an error the
+    /// mapping must not be touched (its memory may not be there): the caller drops it.
     pub fn zero(&self) -> std::io::Result<()> {
         self.file.set_len(0)?;
-        self.file.set_len(self.len as u64)
+        self.file.set_len(self.len as u64)?;
+        reserve(&self.file, &self.path, self.len)
     }
 
     pub fn base(&self) -> NonNull<u8> {
@@ -100,7 +110,7 @@ impl SharedMemory {
         &self.path
     }
 
-    /// Bytes of the mapping resident in memory now (tmpfs allocates a page when first touched).
+    /// Bytes of the mapping's file in memory now (all of it: `open` reserves it).
     pub fn resident_bytes(&self) -> u64 {
         self.file.metadata().map_or(0, |m| m.blocks() * 512)
     }
@@ -109,6 +119,32 @@ impl SharedMemory {
     pub fn unlink(&self) {
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// Allocates the memory of the file's first `len` bytes now (pages already there stay as they
+/// are). tmpfs otherwise allocates a page when it is first touched, and a touch it cannot back (a
+/// full /dev/shm) is a SIGBUS, not an error: a mapping is only touched once this succeeded.
+fn reserve(file: &File, path: &Path, len: usize) -> std::io::Result<()> {
+    let rc = loop {
+        // SAFETY: a plain syscall on a descriptor we own; it returns an errno value.
+        match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) } {
+            libc::EINTR => continue,
+            rc => break rc,
+        }
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::from_raw_os_error(rc);
+    let why = match (rc, path.starts_with("/dev/shm")) {
+        (libc::ENOSPC, true) => "/dev/shm is full: ",
+        (libc::ENOSPC, false) => "its file system is full: ",
+        _ => "",
+    };
+    Err(std::io::Error::new(
+        e.kind(),
+        format!("{why}cannot reserve its {len} bytes of memory ({e})"),
+    ))
 }
 
 impl Drop for SharedMemory {
@@ -186,5 +222,40 @@ impl RobustMutex {
     pub fn unlock(&self) {
         // SAFETY: called by the holder (the guard that locked it), once.
         unsafe { libc::pthread_mutex_unlock(self.inner.get()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// tmpfs backs a page when it is first touched, and a touch it cannot back is a SIGBUS:
+    /// `open` reserves the whole file first, also one that someone else sized (sparse).
+    #[test]
+    fn open_reserves_the_memory_of_a_file_sized_by_someone_else() {
+        let Some(path) = SharedMemory::path_of(&format!("reserve-test-{}", std::process::id()))
+        else {
+            return;
+        };
+        let len = 64 * 4096;
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .unwrap();
+        file.set_len(len as u64).unwrap();
+        let sparse = file.metadata().unwrap().blocks() * 512;
+        let mem = SharedMemory::open(&path, len, false).unwrap();
+        let reserved = mem.resident_bytes();
+        mem.zero().unwrap();
+        let zeroed = mem.resident_bytes();
+        mem.unlink();
+        if sparse >= len as u64 {
+            return; // not a file system with sparse files: nothing to tell
+        }
+        assert!(reserved >= len as u64, "{reserved} of {len} bytes reserved");
+        assert!(zeroed >= len as u64, "{zeroed} of {len} bytes after zero");
     }
 }

@@ -99,12 +99,15 @@ impl Watch {
     }
 }
 
-/// (salt1, salt2, nBackfill, mxFrame) from the wal-index.
+/// What the wal-index says of the WAL now: its generation (salts), its committed frames
+/// (mxFrame), how far they were backfilled into the database file (nBackfill), and the number
+/// of commits (iChange: every commit adds one, a restart keeps it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WalToken {
     pub salts: [u32; 2],
-    pub backfill: u32,
+    pub change: u32,
     pub max_frame: u32,
+    pub backfill: u32,
 }
 
 /// Which of the wal-index locks that change the token a lock call covers.
@@ -114,11 +117,20 @@ pub struct WalLocks {
     pub checkpoint: bool,
 }
 
+/// Beyond this many frames of one WAL, their pages are not kept: a restart by another process
+/// then forgets the whole file.
+pub(crate) const MAX_FRAMES_KEPT: usize = 1 << 18;
+
 /// This process's view of one database's wal-index.
 #[derive(Default, Debug)]
 struct WalView {
     /// The token as last accounted for.
     known: Option<WalToken>,
+    /// The database page (0-based) of each frame 1..=known.max_frame of the current WAL, read
+    /// at our looks: after a restart the wal-index no longer lists them, yet the frames we saw
+    /// but had not seen backfilled were backfilled before it. None where they could not all be
+    /// read.
+    frames: Option<Vec<u32>>,
     /// One of our connections holds the write lock (only a writer restarts the WAL).
     writing: bool,
     /// One of our connections holds the checkpoint lock (only a checkpointer backfills).
@@ -130,77 +142,143 @@ struct WalView {
     writes_at_checkpoint: u64,
 }
 
-/// What changed in the wal-index since it was last accounted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum WalChange {
-    /// Nothing, or only what our own connections did.
-    None,
-    /// Another process checkpointed frames (from, to] into the database file.
-    Backfill { from: u32, to: u32 },
-    /// Another process restarted the WAL: what was backfilled before is unknown.
-    Restart,
+/// What another process's change put in the database file that our cache may hold older.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Forget {
+    Nothing,
+    Pages(Vec<u64>),
+    /// The change cannot be attributed to pages: the whole file.
+    File,
 }
 
+/// The pages of WAL frames (from, to] in frame order, read from the wal-index, if they can be
+/// (see `vfs::file::wal_frame_pages`); None: not known for sure.
+pub type FramePages<'a> = &'a dyn Fn(u32, u32, [u32; 2]) -> Option<Vec<u32>>;
+
 impl WalView {
-    /// Takes `token` as the current state and says what changed that was not ours (and so may
-    /// have put pages in the database file that we have not seen).
-    fn account(&mut self, token: WalToken) -> WalChange {
+    /// Accounts for the token read now; a token that could not be read says nothing, and what
+    /// it may hide is forgotten (the view stays at the last token, to compare the next with).
+    fn look(&mut self, token: Option<WalToken>, pages: FramePages<'_>) -> Forget {
+        match token {
+            Some(token) => self.account(token, pages),
+            None => Forget::File,
+        }
+    }
+
+    /// Takes `token` as the current state and says what changed in the database file that was
+    /// not written through our cache. Every SQLite writer follows one protocol, and this
+    /// follows it, whoever the writer is (another process, another VFS of this one, a
+    /// replication tool):
+    /// - a commit appends at least one frame and adds one to iChange; a change of iChange that
+    ///   appended frames do not explain wrote the database file some other way;
+    /// - a checkpoint copies frames (nBackfill, mxSafe] into the file and then moves nBackfill;
+    /// - a restart (new salts, salt-1 + 1, mxFrame and nBackfill back to 0) happens only after
+    ///   every frame of the old WAL was backfilled, including frames appended after our last
+    ///   look: those are known only if no commit happened since then in the old WAL.
+    fn account(&mut self, token: WalToken, pages: FramePages<'_>) -> Forget {
         let Some(known) = self.known.replace(token) else {
-            return WalChange::None;
+            self.frames = pages(0, token.max_frame, token.salts).and_then(keepable);
+            return Forget::Nothing;
         };
-        if known.salts != token.salts {
-            // A restart. Ours needs the write lock, and our writer restarts only a WAL it saw
-            // fully backfilled when its read transaction began (accounted then). Another
-            // process's restart may follow a backfill we never saw, unless we saw the old WAL
-            // fully backfilled and this is the very next WAL (a restart adds one to salt-1,
-            // big-endian): then the file changed by exactly what the new WAL backfilled.
-            let next = u32::from_be(token.salts[0]) == u32::from_be(known.salts[0]).wrapping_add(1);
-            if self.writing {
-                WalChange::None
-            } else if known.backfill == known.max_frame && next {
-                WalChange::Backfill {
-                    from: 0,
-                    to: token.backfill,
-                }
-            } else {
-                WalChange::Restart
-            }
-        } else if known.backfill != token.backfill && !self.checkpointing {
-            if token.backfill > known.backfill {
-                WalChange::Backfill {
-                    from: known.backfill,
-                    to: token.backfill,
-                }
-            } else {
-                WalChange::Restart
-            }
+        if known.salts == token.salts {
+            self.same_wal(known, token, pages)
+        } else if self.writing {
+            // Our writer restarted the WAL. It restarts only a WAL fully backfilled when its
+            // read transaction began (accounted then), and no commit can come between (it would
+            // have made our write transaction's snapshot stale).
+            self.frames = pages(0, token.max_frame, token.salts).and_then(keepable);
+            Forget::Nothing
         } else {
-            WalChange::None
+            self.restarted(known, token, pages)
+        }
+    }
+
+    fn same_wal(&mut self, known: WalToken, token: WalToken, pages: FramePages<'_>) -> Forget {
+        let commits = token.change.wrapping_sub(known.change);
+        let appended = token.max_frame.wrapping_sub(known.max_frame);
+        if token.max_frame < known.max_frame || token.backfill < known.backfill {
+            // Only a recovery of the wal-index goes back within one WAL: nothing is known.
+            self.frames = pages(0, token.max_frame, token.salts).and_then(keepable);
+            return Forget::File;
+        }
+        if let Some(frames) = &mut self.frames {
+            match pages(known.max_frame, token.max_frame, token.salts) {
+                Some(new) if frames.len() + new.len() <= MAX_FRAMES_KEPT => frames.extend(new),
+                _ => self.frames = None,
+            }
+        }
+        if commits > appended || (commits == 0) != (appended == 0) {
+            // The change counter moved with no frames to show for it (LiteFS applies a
+            // replicated transaction to the database file and bumps iChange so that readers
+            // drop their caches), or frames appeared without a commit: another writer changed
+            // the file outside the WAL.
+            return Forget::File;
+        }
+        if token.backfill > known.backfill && !self.checkpointing {
+            // Another process checkpointed frames (known.backfill, token.backfill].
+            return self.pages_of(known.backfill, token.backfill, token.salts, pages);
+        }
+        Forget::Nothing
+    }
+
+    fn restarted(&mut self, known: WalToken, token: WalToken, pages: FramePages<'_>) -> Forget {
+        let next = u32::from_be(token.salts[0]) == u32::from_be(known.salts[0]).wrapping_add(1);
+        let commits = token.change.wrapping_sub(known.change);
+        // The new WAL shows frames only once it has a commit; so if the only commit since our
+        // look (if any) is the new WAL's, the old WAL ended at the frame we last saw.
+        let old_wal_seen_whole = next && commits == u32::from(token.max_frame > 0);
+        let old_tail = self
+            .frames
+            .as_ref()
+            .filter(|_| old_wal_seen_whole)
+            .and_then(|f| f.get(known.backfill as usize..known.max_frame as usize))
+            .map(|tail| tail.iter().map(|&p| p as u64).collect::<Vec<_>>());
+        self.frames = pages(0, token.max_frame, token.salts).and_then(keepable);
+        let Some(mut forget) = old_tail else {
+            return Forget::File;
+        };
+        match self.pages_of(0, token.backfill, token.salts, pages) {
+            Forget::Nothing => {}
+            Forget::Pages(new) => forget.extend(new),
+            Forget::File => return Forget::File,
+        }
+        forget.sort_unstable();
+        forget.dedup();
+        Forget::Pages(forget)
+    }
+
+    /// The pages of frames (from, to] of the current WAL.
+    fn pages_of(&self, from: u32, to: u32, salts: [u32; 2], pages: FramePages<'_>) -> Forget {
+        if to <= from {
+            return Forget::Nothing;
+        }
+        let kept = self
+            .frames
+            .as_ref()
+            .and_then(|f| f.get(from as usize..to as usize))
+            .map(<[u32]>::to_vec);
+        match kept.or_else(|| pages(from, to, salts)) {
+            Some(list) => {
+                let mut list: Vec<u64> = list.into_iter().map(u64::from).collect();
+                list.sort_unstable();
+                list.dedup();
+                Forget::Pages(list)
+            }
+            None => Forget::File,
         }
     }
 }
 
-/// The pages of WAL frames (from, to], read from the wal-index, if they can be (see
-/// `vfs::file::Conn::wal_frame_pages`); None means: forget the whole file.
-pub type FramePages<'a> = &'a dyn Fn(u32, u32, [u32; 2]) -> Option<Vec<u64>>;
+fn keepable(frames: Vec<u32>) -> Option<Vec<u32>> {
+    (frames.len() <= MAX_FRAMES_KEPT).then_some(frames)
+}
 
-/// Forgets what another process's WAL change put in the database file: the backfilled pages
-/// one by one where the wal-index still lists them, else the whole file.
-fn forget(
-    engine: &Engine,
-    file: &FileHandle,
-    change: WalChange,
-    salts: [u32; 2],
-    pages: FramePages<'_>,
-) {
-    match change {
-        WalChange::None => {}
-        WalChange::Backfill { from, to } if to <= from => {}
-        WalChange::Backfill { from, to } => match pages(from, to, salts) {
-            Some(pages) => engine.forget_pages(file, &pages),
-            None => engine.invalidate_file(file),
-        },
-        WalChange::Restart => engine.invalidate_file(file),
+/// Forgets what another writer's change put in the database file.
+fn forget(engine: &Engine, file: &FileHandle, forget: Forget) {
+    match forget {
+        Forget::Nothing => {}
+        Forget::Pages(pages) => engine.forget_pages(file, &pages),
+        Forget::File => engine.invalidate_file(file),
     }
 }
 
@@ -286,13 +364,13 @@ impl FileWatch {
         &self,
         engine: &Engine,
         file: &FileHandle,
-        read_token: impl FnOnce() -> WalToken,
+        read_token: impl FnOnce() -> Option<WalToken>,
         pages: FramePages<'_>,
         stamp: Option<FileStamp>,
     ) {
         let mut w = self.state.lock();
         let token = read_token();
-        let change = w.wal.account(token);
+        let change = w.wal.look(token, pages);
         let mut invalidate = false;
         if std::mem::take(&mut w.reopened_racy) {
             // The stamp compared at the reopen was taken within a clock tick of a write: on a
@@ -300,13 +378,13 @@ impl FileWatch {
             invalidate = true;
         }
         let stamp_moved = stamp.is_some_and(|s| file.known_stamp().is_none_or(|k| k.stamp != s));
-        let accept = if invalidate || change != WalChange::None {
-            forget(engine, file, change, token.salts, pages);
+        let accept = if invalidate || change != Forget::Nothing {
+            forget(engine, file, change);
             true
         } else if !stamp_moved || w.wal.checkpointing {
             // Our own checkpoint writes through the cache; it accepts the stamp when it ends.
             false
-        } else if token.backfill < token.max_frame {
+        } else if token.is_some_and(|t| t.backfill < t.max_frame) {
             // Frames wait for a checkpoint: the change may be one in progress elsewhere, which
             // says so in nBackfill when it is done. Pages it is writing are in the WAL for every
             // reader until then.
@@ -332,15 +410,14 @@ impl FileWatch {
         &self,
         engine: &Engine,
         file: &FileHandle,
-        read_token: impl FnOnce() -> WalToken,
+        read_token: impl FnOnce() -> Option<WalToken>,
         pages: FramePages<'_>,
         lock: WalLocks,
         held: bool,
     ) {
         let mut w = self.state.lock();
-        let token = read_token();
-        let change = w.wal.account(token);
-        forget(engine, file, change, token.salts, pages);
+        let change = w.wal.look(read_token(), pages);
+        forget(engine, file, change);
         if lock.write {
             w.wal.writing = held;
         }
@@ -404,97 +481,251 @@ impl FileWatch {
     }
 }
 
-/// Reads (salt1, salt2, nBackfill, mxFrame) from wal-index region 0.
+/// Reads the token from wal-index region 0: a header both of whose copies agree (a writer
+/// writes the second copy first, so a reader that finds them equal read one whole header, as
+/// wal.c's own readers check), and an nBackfill of that header's WAL (a restart writes the
+/// header before it resets nBackfill). None if no consistent token could be read (a writer died
+/// while writing the header, and no reader has recovered it yet).
 ///
 /// # Safety
 /// `region0` must be the mapping SQLite returned for region 0 (at least 136 bytes), still mapped.
-pub unsafe fn wal_token(region0: *const u8) -> WalToken {
+pub unsafe fn wal_token(region0: *const u8) -> Option<WalToken> {
     // Other processes write these words concurrently: read each atomically.
     // SAFETY: offsets are within the 32 KiB region and 4-byte aligned; the mapping is live.
     let word =
         |off: usize| unsafe { (*(region0.add(off) as *const AtomicU32)).load(Ordering::Acquire) };
-    WalToken {
-        salts: [word(32), word(36)],
-        backfill: word(96),
-        max_frame: word(16),
+    // iChange, mxFrame, salt-1, salt-2 of one copy of the header (each copy is 48 bytes).
+    let copy = |n: usize| [8, 16, 32, 36].map(|off| word(n * 48 + off));
+    for attempt in 0..10_000 {
+        if attempt > 100 {
+            std::thread::yield_now();
+        }
+        let first = copy(0);
+        if copy(1) != first {
+            continue;
+        }
+        let backfill = word(96);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if copy(0) != first || backfill > first[1] {
+            continue;
+        }
+        return Some(WalToken {
+            change: first[0],
+            max_frame: first[1],
+            salts: [first[2], first[3]],
+            backfill,
+        });
     }
+    None
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{FileWatch, WalChange, WalLocks, WalToken, WalView};
+    use super::{FileWatch, Forget, WalLocks, WalToken, WalView};
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 
-    const SALTS: [u32; 2] = [7, 9];
+    /// A model of one database's wal-index as SQLite's writers keep it: the frames' pages of
+    /// the current WAL, the salts, iChange, nBackfill.
+    struct WalIndex {
+        salt1: u32,
+        frames: Vec<u32>,
+        change: u32,
+        backfill: u32,
+    }
 
-    fn token(salts: [u32; 2], backfill: u32) -> WalToken {
-        WalToken {
-            salts,
-            backfill,
-            max_frame: backfill,
+    impl WalIndex {
+        fn new() -> WalIndex {
+            WalIndex {
+                salt1: 41,
+                frames: Vec::new(),
+                change: 7,
+                backfill: 0,
+            }
         }
+        fn token(&self) -> WalToken {
+            WalToken {
+                salts: [self.salt1.to_be(), 99],
+                change: self.change,
+                max_frame: self.frames.len() as u32,
+                backfill: self.backfill,
+            }
+        }
+        fn commit(&mut self, pages: &[u32]) {
+            self.frames.extend_from_slice(pages);
+            self.change += 1;
+        }
+        fn checkpoint(&mut self) {
+            self.backfill = self.frames.len() as u32;
+        }
+        /// A restart (a writer's, or a RESTART/TRUNCATE checkpoint's): only after a full
+        /// backfill.
+        fn restart(&mut self) {
+            assert_eq!(self.backfill as usize, self.frames.len());
+            self.salt1 += 1;
+            self.frames.clear();
+            self.backfill = 0;
+        }
+        fn pages(&self) -> impl Fn(u32, u32, [u32; 2]) -> Option<Vec<u32>> + '_ {
+            move |from, to, salts| {
+                (salts == self.token().salts && to as usize <= self.frames.len())
+                    .then(|| self.frames[from as usize..to as usize].to_vec())
+            }
+        }
+        fn look(&self, view: &mut WalView) -> Forget {
+            view.look(Some(self.token()), &self.pages())
+        }
+    }
+
+    fn pages(list: &[u64]) -> Forget {
+        Forget::Pages(list.to_vec())
     }
 
     #[test]
     fn the_first_token_and_unchanged_tokens_are_not_changes() {
-        let mut wal = WalView::default();
-        assert_eq!(wal.account(token(SALTS, 3)), WalChange::None);
-        assert_eq!(wal.account(token(SALTS, 3)), WalChange::None);
+        let (mut wal, mut view) = (WalIndex::new(), WalView::default());
+        wal.commit(&[3]);
+        assert_eq!(wal.look(&mut view), Forget::Nothing);
+        assert_eq!(wal.look(&mut view), Forget::Nothing);
+        wal.commit(&[4, 5]);
+        assert_eq!(
+            wal.look(&mut view),
+            Forget::Nothing,
+            "frames only: the file is as it was"
+        );
     }
 
     #[test]
-    fn backfill_is_ours_only_under_our_checkpoint_lock() {
-        let mut wal = WalView::default();
-        wal.account(token(SALTS, 0));
-        wal.checkpointing = true;
-        assert_eq!(wal.account(token(SALTS, 40)), WalChange::None, "ours");
-        wal.checkpointing = false;
-        wal.writing = true;
+    fn a_backfill_forgets_its_frames_pages_and_is_ours_only_under_our_checkpoint_lock() {
+        let (mut wal, mut view) = (WalIndex::new(), WalView::default());
+        wal.look(&mut view);
+        wal.commit(&[3, 9]);
+        wal.commit(&[3]);
+        view.checkpointing = true;
+        wal.checkpoint();
+        assert_eq!(wal.look(&mut view), Forget::Nothing, "ours");
+        view.checkpointing = false;
+        view.writing = true;
+        wal.commit(&[12, 2]);
+        wal.checkpoint();
         assert_eq!(
-            wal.account(token(SALTS, 80)),
-            WalChange::Backfill { from: 40, to: 80 },
+            wal.look(&mut view),
+            pages(&[2, 12]),
             "another process checkpointed while we held only the write lock"
         );
     }
 
-    /// A restart after a WAL we saw fully backfilled, into the very next WAL: the file changed
-    /// by what the new WAL backfilled. After any other restart nothing is known.
+    /// Issue 28: we saw the WAL fully backfilled; then a commit we did not see went into the
+    /// same WAL, was backfilled, and the WAL restarted. Its page changed the file.
     #[test]
-    fn the_next_wal_after_a_full_backfill_is_followed_page_by_page() {
-        let be = |n: u32| n.to_be();
-        let mut wal = WalView::default();
-        wal.account(token([be(41), 5], 30));
+    fn frames_appended_after_our_last_look_and_backfilled_before_a_restart_are_not_missed() {
+        let (mut wal, mut view) = (WalIndex::new(), WalView::default());
+        wal.commit(&[99]);
+        wal.checkpoint();
+        assert_eq!(wal.look(&mut view), Forget::Nothing);
+        wal.commit(&[50]); // unseen
+        wal.checkpoint();
+        wal.restart();
+        wal.commit(&[10]);
+        assert_eq!(wal.look(&mut view), Forget::File);
+    }
+
+    /// rqlite's pattern: commits, then a TRUNCATE checkpoint by another connection. Seen to
+    /// the last commit, exactly the pages not yet seen backfilled are forgotten.
+    #[test]
+    fn a_restart_after_a_wal_we_saw_to_its_end_forgets_just_its_unbackfilled_pages() {
+        let (mut wal, mut view) = (WalIndex::new(), WalView::default());
+        wal.commit(&[1, 2]);
+        wal.checkpoint();
+        wal.commit(&[3]);
+        wal.commit(&[4, 3]);
+        assert_eq!(wal.look(&mut view), Forget::Nothing);
+        wal.checkpoint();
+        wal.restart();
         assert_eq!(
-            wal.account(token([be(42), 9], 12)),
-            WalChange::Backfill { from: 0, to: 12 }
+            wal.look(&mut view),
+            pages(&[3, 4]),
+            "TRUNCATE, no commit since"
         );
-        // Two restarts since: frames of the one between are unknown.
-        assert_eq!(wal.account(token([be(44), 3], 2)), WalChange::Restart);
-        // The old WAL was not fully backfilled when last seen.
-        wal.account(WalToken {
-            salts: [be(50), 1],
-            backfill: 4,
-            max_frame: 9,
-        });
-        assert_eq!(wal.account(token([be(51), 2], 1)), WalChange::Restart);
+        // A writer's restart: the one commit since our look is the new WAL's, partly
+        // checkpointed already.
+        wal.commit(&[6]);
+        assert_eq!(wal.look(&mut view), Forget::Nothing);
+        wal.checkpoint();
+        wal.restart();
+        wal.commit(&[7, 8]);
+        wal.backfill = 1;
+        assert_eq!(wal.look(&mut view), pages(&[6, 7]));
+        // Unseen commits before a restart, or two restarts: nothing is known.
+        wal.commit(&[9]);
+        wal.checkpoint();
+        wal.restart();
+        wal.restart();
+        assert_eq!(wal.look(&mut view), Forget::File, "two restarts");
+        wal.commit(&[9]);
+        wal.checkpoint();
+        wal.restart();
+        wal.commit(&[1]);
+        wal.commit(&[1]);
+        assert_eq!(
+            wal.look(&mut view),
+            Forget::File,
+            "which WAL the commits went to"
+        );
+    }
+
+    /// LiteFS applies a replicated transaction to the database file and bumps iChange with no
+    /// frames: nothing says which pages changed.
+    #[test]
+    fn a_change_counter_bump_that_no_frames_explain_forgets_the_file() {
+        let (mut wal, mut view) = (WalIndex::new(), WalView::default());
+        wal.commit(&[1]);
+        wal.look(&mut view);
+        wal.change += 1;
+        assert_eq!(wal.look(&mut view), Forget::File);
+        wal.commit(&[2]);
+        wal.change += 1;
+        assert_eq!(wal.look(&mut view), Forget::File, "two commits, one frame");
+        wal.frames.push(3);
+        assert_eq!(wal.look(&mut view), Forget::File, "a frame, no commit");
     }
 
     #[test]
     fn a_restart_is_ours_only_under_our_write_lock() {
-        let mut wal = WalView::default();
-        wal.account(token(SALTS, 80));
-        wal.writing = true;
+        let (mut wal, mut view) = (WalIndex::new(), WalView::default());
+        wal.commit(&[1]);
+        wal.commit(&[2]);
+        wal.look(&mut view);
+        wal.checkpoint();
+        wal.commit(&[4]);
+        wal.checkpoint();
+        wal.restart();
+        view.writing = true;
         assert_eq!(
-            wal.account(token([8, 10], 0)),
-            WalChange::None,
-            "our writer restarted the WAL"
+            wal.look(&mut view),
+            Forget::Nothing,
+            "our writer restarted it"
         );
-        wal.writing = false;
+        view.writing = false;
+        wal.commit(&[5]);
+        assert_eq!(wal.look(&mut view), Forget::Nothing);
+        wal.checkpoint();
+        wal.restart();
+        wal.commit(&[6]);
         assert_eq!(
-            wal.account(token([9, 11], 0)),
-            WalChange::Restart,
-            "another process restarted a WAL that may have been backfilled unseen"
+            wal.look(&mut view),
+            pages(&[5]),
+            "another process's restart"
         );
+    }
+
+    #[test]
+    fn an_unreadable_token_forgets_the_file_and_keeps_the_last_one_to_compare_with() {
+        let (mut wal, mut view) = (WalIndex::new(), WalView::default());
+        wal.commit(&[1]);
+        wal.look(&mut view);
+        assert_eq!(view.look(None, &wal.pages()), Forget::File);
+        wal.checkpoint();
+        assert_eq!(wal.look(&mut view), pages(&[1]));
     }
 
     /// One connection checkpoints in a loop (checkpoint lock, backfill, release) while two others
@@ -512,17 +743,20 @@ mod tests {
         let file = engine.open_file(&path, 4096).unwrap();
         let watch = FileWatch::default();
         let backfill = AtomicU32::new(0);
-        let read = || WalToken {
-            salts: SALTS,
-            backfill: backfill.load(SeqCst),
-            max_frame: 1 << 20,
+        let read = || {
+            Some(WalToken {
+                salts: [7, 9],
+                change: 1,
+                backfill: backfill.load(SeqCst),
+                max_frame: 1 << 20,
+            })
         };
         let done = AtomicBool::new(false);
         let ckpt = WalLocks {
             write: false,
             checkpoint: true,
         };
-        let pages = |_: u32, _: u32, _: [u32; 2]| -> Option<Vec<u64>> { None };
+        let pages = |_: u32, _: u32, _: [u32; 2]| -> Option<Vec<u32>> { None };
         std::thread::scope(|s| {
             for _ in 0..2 {
                 s.spawn(|| {

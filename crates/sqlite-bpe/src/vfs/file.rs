@@ -7,7 +7,7 @@
 //! writes go through SQLite's own write method; page reads on a miss through our O_DIRECT
 //! descriptor, or SQLite's read method where O_DIRECT is not used.
 
-use super::change_detect::{self, FileWatch, WalLocks, WalToken};
+use super::change_detect::{self, FileWatch, WalLocks};
 use super::unix_file::{self, unix, UnixFile};
 use crate::api;
 use crate::ffi::guard;
@@ -604,16 +604,13 @@ impl Conn {
         let shm0 = self.shm0;
         // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closures run within this call,
         // before anything can unmap it.
-        let read_token = || -> WalToken { unsafe { change_detect::wal_token(shm0) } };
+        let read_token = || unsafe { change_detect::wal_token(shm0) };
         // SAFETY: as above, and real is this connection's open unix file.
         let pages = |from, to, salts| unsafe { wal_frame_pages(real, shm0, from, to, salts) };
         self.watch
             .wal_lock(&self.engine, &self.handle, read_token, &pages, locks, held);
     }
 }
-
-/// Beyond this many frames, forgetting the whole file is cheaper than page by page.
-const MAX_FRAMES_ONE_BY_ONE: u32 = 50_000;
 
 /// wal.c's wal-index geometry (verified in SQLite 3.40 and 3.50): 32 KiB regions, each with the
 /// page numbers of 4096 frames, the first after the 136-byte header (so only 4062 there).
@@ -622,10 +619,9 @@ const WALINDEX_HDR_SIZE: usize = 136;
 const HASHTABLE_NPAGE: u32 = 4096;
 const HASHTABLE_NPAGE_ONE: u32 = HASHTABLE_NPAGE - (WALINDEX_HDR_SIZE / 4) as u32;
 
-/// The database pages (0-based) of WAL frames (from, to], read from the wal-index; None when
-/// they cannot be known for sure (an older SQLite, a region not mapped, too many frames, or the
-/// WAL restarted meanwhile, which may have overwritten the entries): then the caller forgets
-/// the whole file.
+/// The database pages (0-based) of WAL frames (from, to] in frame order, read from the
+/// wal-index; None when they cannot be known for sure (an older SQLite, a region not mapped,
+/// too many frames, or the WAL restarted meanwhile, which may have overwritten the entries).
 ///
 /// # Safety
 /// `real` is the connection's open unix file and `shm0` its mapped wal-index region 0.
@@ -635,9 +631,13 @@ unsafe fn wal_frame_pages(
     from: u32,
     to: u32,
     salts: [u32; 2],
-) -> Option<Vec<u64>> {
+) -> Option<Vec<u32>> {
     use std::sync::atomic::{fence, AtomicU32, Ordering};
-    if api::libversion_number() < 3_040_000 || to <= from || to - from > MAX_FRAMES_ONE_BY_ONE {
+    if to <= from {
+        return Some(Vec::new());
+    }
+    if api::libversion_number() < 3_040_000 || (to - from) as usize > change_detect::MAX_FRAMES_KEPT
+    {
         return None;
     }
     let mut pages = Vec::with_capacity((to - from) as usize);
@@ -669,17 +669,15 @@ unsafe fn wal_frame_pages(
         if pgno == 0 {
             return None;
         }
-        pages.push(pgno as u64 - 1);
+        pages.push(pgno - 1);
     }
     // The entries are only those frames' if the WAL was not restarted while we read them (a
     // restart changes the salts before any frame is written again).
     fence(Ordering::SeqCst);
     // SAFETY: as above.
-    if unsafe { change_detect::wal_token(shm0) }.salts != salts {
+    if unsafe { change_detect::wal_token(shm0) }.is_none_or(|t| t.salts != salts) {
         return None;
     }
-    pages.sort_unstable();
-    pages.dedup();
     Some(pages)
 }
 

@@ -111,6 +111,50 @@ fn flock(file: &std::fs::File, op: libc::c_int) -> bool {
     unsafe { libc::flock(file.as_raw_fd(), op) == 0 }
 }
 
+/// Allocates the whole log's memory now (idempotent: pages already there stay as they are).
+fn reserve(file: &std::fs::File) -> std::io::Result<()> {
+    loop {
+        // SAFETY: a plain syscall on a descriptor we own; it returns an errno value.
+        match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, SIZE as libc::off_t) } {
+            0 => return Ok(()),
+            libc::EINTR => continue,
+            rc => return Err(std::io::Error::from_raw_os_error(rc)),
+        }
+    }
+}
+
+/// Says once per process, through sqlite3_log, that a log could not be had and why (short:
+/// sqlite3_log cuts messages at 210 bytes).
+fn unavailable(path: &std::path::Path, e: std::io::Error) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if SAID.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let full = if e.raw_os_error() == Some(libc::ENOSPC) {
+        "/dev/shm is full, "
+    } else {
+        ""
+    };
+    crate::api::log(
+        libsqlite3_sys::SQLITE_WARNING,
+        &format!(
+            "bpe: no commit log ({}: {full}{e}): another process's commit empties the cache",
+            path.display()
+        ),
+    );
+}
+
+/// Removes the file at `path` if it is still `file` (holding its exclusive lock).
+fn remove_if_ours(path: &std::path::Path, file: &std::fs::File) {
+    let ours = std::fs::symlink_metadata(path)
+        .ok()
+        .zip(file.metadata().ok())
+        .is_some_and(|(p, f)| p.ino() == f.ino() && p.dev() == f.dev());
+    if ours {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 fn random_epoch() -> u64 {
     let mut n = 0u64;
     // SAFETY: getrandom writes at most 8 bytes into n.
@@ -127,7 +171,8 @@ fn random_epoch() -> u64 {
 
 impl PeerLog {
     /// Maps the log of the database `identity`, creating it if needed. None where there is no
-    /// /dev/shm, or the file there is not this user's own and private.
+    /// /dev/shm, the file there is not this user's own and private, or its memory cannot be
+    /// reserved (a full /dev/shm: said once through sqlite3_log).
     pub fn open(identity: FileIdentity) -> Option<PeerLog> {
         let path = log_path(identity);
         let file = std::fs::OpenOptions::new()
@@ -150,7 +195,19 @@ impl PeerLog {
         } else if !flock(&file, libc::LOCK_SH) || meta.len() != SIZE as u64 {
             return None;
         }
-        // SAFETY: maps SIZE bytes of a file at least that long, shared, for the life of self.
+        // Its memory is reserved before it is mapped, by every user (a creator may be a version
+        // that did not): tmpfs allocates a page when first touched, and a touch it cannot back
+        // (a full /dev/shm) is a SIGBUS. Without a log, readers forget the whole file at each
+        // commit of another process: slower, never wrong.
+        if let Err(e) = reserve(&file) {
+            unavailable(&path, e);
+            if alone {
+                remove_if_ours(&path, &file);
+            }
+            return None;
+        }
+        // SAFETY: maps SIZE bytes of a file that long, its memory reserved, shared, for the life
+        // of self.
         let map = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -305,13 +362,7 @@ impl Drop for PeerLog {
         unsafe { libc::munmap(self.map as *mut libc::c_void, SIZE) };
         // The last user removes it (no other process holds its shared lock).
         if flock(&self.file, libc::LOCK_EX | libc::LOCK_NB) {
-            let ours = std::fs::symlink_metadata(&self.path)
-                .ok()
-                .zip(self.file.metadata().ok())
-                .is_some_and(|(p, f)| p.ino() == f.ino() && p.dev() == f.dev());
-            if ours {
-                let _ = std::fs::remove_file(&self.path);
-            }
+            remove_if_ours(&self.path, &self.file);
         }
     }
 }
@@ -357,6 +408,36 @@ mod tests {
             b.explain(start, b.head(), 10, 12 + ENTRIES as u32 / 3),
             Explained::Unknown
         );
+    }
+
+    /// tmpfs backs a page when it is first touched, and a touch it cannot back is a SIGBUS: the
+    /// log's memory is reserved before it is mapped, by its creator and by a joiner (whose
+    /// creator may be an older version that did not reserve it).
+    #[test]
+    fn the_log_is_reserved_before_it_is_mapped() {
+        let reserved = |f: &std::fs::File| f.metadata().unwrap().blocks() * 512;
+        let a = PeerLog::open(identity(3)).expect("/dev/shm");
+        assert!(reserved(&a.file) >= SIZE as u64, "the creator reserves it");
+        drop(a);
+        // An older creator's log: sized, not reserved, its creator still holding it.
+        let path = log_path(identity(4));
+        let older = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .unwrap();
+        older.set_len(SIZE as u64).unwrap();
+        assert!(flock(&older, libc::LOCK_SH));
+        let sparse = reserved(&older) < SIZE as u64;
+        // Joined: reserved, then refused (the older creator never wrote a header here).
+        assert!(PeerLog::open(identity(4)).is_none());
+        let joined = reserved(&older);
+        std::fs::remove_file(&path).unwrap();
+        if sparse {
+            assert!(joined >= SIZE as u64, "the joiner reserves it");
+        }
     }
 
     #[test]

@@ -200,7 +200,7 @@ impl SharedIndex {
         // Never resized under processes attached to it: a segment of another length is theirs,
         // of another size or version, and is refused below.
         let mem = SharedMemory::open(&shm, layout.len, others == 0)
-            .map_err(|e| bad(path, format!("its shared memory {}: {e}", shm.display())))?;
+            .map_err(|e| bad(path, format!("its shared memory {e}")))?;
         let me = (0..MAX_PARTICIPANTS)
             .find(|&i| ofd::try_exclusive(&locks, participant_byte(i)))
             .ok_or_else(|| {
