@@ -36,17 +36,34 @@ use std::time::SystemTime;
 /// Closed files whose cached pages are kept for a reopen, at most.
 pub const MAX_RETAINED_FILES: usize = 256;
 
-/// A stamp and when it was taken. A stamp taken within [`RACY_WINDOW`] of the file's last
-/// modification is *racy*: on a kernel with coarse timestamps (before Linux 6.13), another
-/// write in the same clock tick leaves it unchanged, so it cannot vouch for the file alone.
+/// A stamp and when it was taken. A stamp taken within the racy window of the file's last
+/// modification is *racy*: another write in the same clock tick of the file's timestamps leaves
+/// it unchanged, so it cannot vouch for the file alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KnownStamp {
     pub stamp: FileStamp,
     pub racy: bool,
 }
 
-/// Several clock ticks of the coarsest kernel timer (HZ=100).
+/// Several clock ticks of the coarsest kernel timer (HZ=100): the racy window on a file system
+/// with fine timestamps (on kernels before 6.13 they advance by a tick).
 pub const RACY_WINDOW: std::time::Duration = std::time::Duration::from_millis(30);
+
+/// How long after a change a stamp of this file stays racy: [`RACY_WINDOW`], or twice the
+/// file system's timestamp granularity where the stamp shows a coarse one (ext4 with 128-byte
+/// inodes, and others, keep whole seconds). The granularity is read off the stamp: a fine
+/// clock's times end in whole seconds about once in 10^9 stamps, which then costs a warm
+/// restart of that file, never a stale page. (FAT's even seconds read as whole seconds half the
+/// time: twice one second still covers them.)
+pub fn racy_window_ns(stamp: &FileStamp) -> i128 {
+    const NS: i64 = 1_000_000_000;
+    let coarse = |unit: i64| stamp.mtime_ns % unit == 0 && stamp.ctime_ns % unit == 0;
+    let granularity = [NS, NS / 10, NS / 100]
+        .into_iter()
+        .find(|&unit| coarse(unit))
+        .unwrap_or(0);
+    (2 * granularity as i128).max(RACY_WINDOW.as_nanos() as i128)
+}
 
 impl KnownStamp {
     pub fn taken_now(stamp: FileStamp) -> Self {
@@ -56,7 +73,7 @@ impl KnownStamp {
         let last_change = stamp.mtime_ns.max(stamp.ctime_ns) as i128;
         KnownStamp {
             stamp,
-            racy: now - last_change < RACY_WINDOW.as_nanos() as i128,
+            racy: now - last_change < racy_window_ns(&stamp),
         }
     }
 }
@@ -374,4 +391,38 @@ fn open_data(req: &OpenRequest<'_>, identity: FileIdentity, config: &Config) -> 
         });
     }
     Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KnownStamp;
+    use crate::io::{FileIdentity, FileStamp};
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    /// A stamp whose times are `ago` before now, cut to whole seconds when `coarse`.
+    fn stamp(ago: Duration, coarse: bool) -> FileStamp {
+        let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap() - ago;
+        let ns = if coarse {
+            t.as_secs() as i64 * 1_000_000_000
+        } else {
+            t.as_nanos() as i64 | 1
+        };
+        FileStamp {
+            identity: FileIdentity { dev: 1, ino: 2 },
+            size: 4096,
+            mtime_ns: ns,
+            ctime_ns: ns,
+        }
+    }
+
+    /// Issue 30: on a file system that keeps whole seconds, a stamp taken half a second after
+    /// the change it shows cannot vouch for the file: a write later in that second keeps it.
+    #[test]
+    fn a_stamp_is_racy_for_twice_the_granularity_its_times_show() {
+        assert!(!KnownStamp::taken_now(stamp(Duration::from_millis(500), false)).racy);
+        assert!(KnownStamp::taken_now(stamp(Duration::from_millis(5), false)).racy);
+        // Cut to the second, the change happened 0.5-1.5 s ago: still racy.
+        assert!(KnownStamp::taken_now(stamp(Duration::from_millis(500), true)).racy);
+        assert!(!KnownStamp::taken_now(stamp(Duration::from_millis(2_100), true)).racy);
+    }
 }

@@ -45,6 +45,20 @@ fn child_entry() {
             check_rows(&db, &expect);
             report();
         }
+        // Reads everything, then early in the next second writes a page through bpe (a
+        // row rewritten as it was) and exits: the stamp it vouches for at exit is within a
+        // tick of a one-second clock of its own write.
+        "read-write" => {
+            check_rows(&db, &expect);
+            // Past the fine-clock racy window into the second, with most of it left.
+            next_second();
+            std::thread::sleep(Duration::from_millis(100));
+            let c = open_bpe(&db);
+            c.execute_batch("UPDATE rows SET crc = crc WHERE id = 1")
+                .unwrap();
+            drop(c);
+            report();
+        }
         // Reads over and over, resizing the extension now and then, until killed.
         "loop" => {
             let ext = std::env::var("BPE_EXTENSION_FILE").unwrap();
@@ -274,6 +288,107 @@ fn a_database_changed_by_plain_sqlite_between_bpe_processes_is_never_served_stal
             );
             drop(plain);
         }
+    }
+}
+
+/// A loop-mounted ext4 made with 128-byte inodes: its timestamps keep whole seconds.
+struct CoarseVolume {
+    mount: PathBuf,
+}
+
+impl CoarseVolume {
+    /// None (said) where this machine cannot make one (not root, no mkfs.ext4 or loop devices).
+    fn new(dir: &Path) -> Option<CoarseVolume> {
+        let image = dir.join("coarse.img");
+        let mount = dir.join("coarse");
+        std::fs::create_dir_all(&mount).unwrap();
+        let ok = |cmd: &mut Command| cmd.output().is_ok_and(|o| o.status.success());
+        let made = ok(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-I", "128", "-b", "4096"])
+            .arg(&image)
+            .arg("32M"))
+            && ok(Command::new("mount")
+                .arg("-o")
+                .arg("loop")
+                .arg(&image)
+                .arg(&mount));
+        if !made {
+            println!("skipped: cannot make and mount an ext4 image with 128-byte inodes here");
+            return None;
+        }
+        Some(CoarseVolume { mount })
+    }
+}
+
+impl Drop for CoarseVolume {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount).status();
+    }
+}
+
+/// Waits for the start of the next second of the file system's clock.
+fn next_second() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    std::thread::sleep(Duration::from_nanos(
+        1_000_000_000 - now.subsec_nanos() as u64 + 5_000_000,
+    ));
+}
+
+/// Issue 30: on a file system whose timestamps keep whole seconds, a plain-SQLite commit in
+/// the same second as a bpe process's last write left the stamp equal, and the next bpe
+/// process restored and served the old pages. A stamp is now racy for twice the granularity
+/// the stamp shows, and the first page is always checked; a warm restart still works once
+/// the file has aged.
+#[test]
+fn on_a_file_system_with_one_second_timestamps_a_change_between_processes_is_never_stale() {
+    let dir = tempdir();
+    let Some(volume) = CoarseVolume::new(dir.path()) else {
+        return;
+    };
+    for (journal, page_size) in [("DELETE", 4096), ("WAL", 4096)] {
+        let db = volume.mount.join(format!("{journal}.db"));
+        let ext = dir.path().join(format!("{journal}.bpe"));
+        let mut expect = create_db(&db, journal, page_size);
+        for trial in 0..4u64 {
+            let out = child("read-write", &db, &ext, &expect).output().unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            // Plain SQLite commits within the same second, as another program would: one row
+            // rewritten at its length, so the file keeps its size.
+            let plain = open_unix(&db);
+            let id = 1000 + trial as i64;
+            let len: i64 = plain
+                .query_row(
+                    "SELECT length(payload) FROM rows WHERE id = ?1",
+                    [id],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            let p = rows::payload(trial + 77, len as usize);
+            plain
+                .execute(
+                    "UPDATE rows SET payload = ?1, crc = ?2 WHERE id = ?3",
+                    rusqlite::params![p, rows::crc32(&p), id],
+                )
+                .unwrap();
+            drop(plain);
+            expect = expected(&db);
+            let after = run_reader(&db, &ext, &expect);
+            println!("{journal} trial {trial}: after a same-second change {after:?}");
+        }
+        // Aged past the window, the stamp vouches again: the restart is warm.
+        std::thread::sleep(Duration::from_millis(2_100));
+        run_reader(&db, &ext, &expect);
+        let warm = run_reader(&db, &ext, &expect);
+        assert!(
+            warm[0] > 0,
+            "{journal}: no warm restart on the coarse volume: {warm:?}"
+        );
     }
 }
 

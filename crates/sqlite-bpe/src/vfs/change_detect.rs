@@ -10,13 +10,16 @@
 //!   read costs no device I/O when nothing changed, and this process's O_DIRECT reads never
 //!   evict it (after our syncs we drop the rest of the file from the page cache, not its first
 //!   block). A counter we did not write means another process committed.
-//! - **WAL**: the database file changes only at checkpoints (backfill). The wal-index records how
-//!   far backfill got (nBackfill) and the WAL's salts, which change when a writer restarts the
-//!   WAL. Every change of that token is accounted, at the start of each read transaction and
-//!   whenever one of our connections takes or releases the wal-index write or checkpoint lock; a
-//!   change is ours when our connection held the lock that makes it (backfill: the checkpoint
-//!   lock; restart: the write lock). Our checkpoints write through the cache. Any other change
-//!   means another process checkpointed.
+//! - **WAL**: the database file changes only at checkpoints (backfill), and every SQLite writer
+//!   keeps the wal-index the same way, whoever it is (another process, a connection of this
+//!   process on another VFS, a replication tool): a commit appends frames and adds one to
+//!   iChange; a checkpoint copies frames into the file, then moves nBackfill; a restart (new
+//!   salts) follows a full backfill. The token (salts, iChange, mxFrame, nBackfill) is
+//!   accounted at the start of each read transaction and whenever one of our connections takes
+//!   or releases the wal-index write or checkpoint lock, and the pages of the frames seen are
+//!   kept (see `WalView::account` for the rules). A change is ours when our connection held
+//!   the lock that makes it (backfill: the checkpoint lock; restart: the write lock); our
+//!   checkpoints write through the cache.
 //! - **The file's stamp** (identity, size, mtime and ctime to the nanosecond; one fstat): any
 //!   write changes it, including writes outside SQLite's protocol (a backup restored with `cp`
 //!   over the file, a patch with `dd`). We accept the new stamp after our own writes, before
@@ -24,10 +27,13 @@
 //!   mode a stamp change while frames wait for a checkpoint may be a checkpoint in progress in
 //!   another process (it updates nBackfill only when done): we wait for the wal-index to say.
 //!
-//! Another process's checkpoint forgets just the pages it backfilled: the wal-index lists the
-//! page of every frame. A change we cannot attribute empties the file's cache (a new key: O(1),
-//! see bpe-core's page.rs). The per-file state lives with the core's file entry, across closes and reopens;
-//! while no connection of ours has the file open, the registry compares the stamp at the reopen.
+//! Another writer's checkpoint forgets just the pages it backfilled: the wal-index lists the
+//! page of every frame, and after a restart the pages we kept say what the old WAL held. A
+//! change we cannot attribute (commits we never saw before a restart, an iChange bump with no
+//! frames, as LiteFS makes when it writes a replicated transaction into the file) empties the
+//! file's cache (a new key: O(1), see bpe-core's page.rs). The per-file state lives with the
+//! core's file entry, across closes and reopens; while no connection of ours has the file open,
+//! the registry compares the stamp at the reopen.
 //!
 //! What no check can catch (docs/SQLITE.md): a change outside SQLite's protocol made while one
 //! of our connections is inside its own write transaction on the file, or that restores the
