@@ -57,7 +57,14 @@ pub fn counter(conn: &Connection, name: &str) -> i64 {
 /// stale library from before a change would test the old code in the other process).
 pub fn extension_library() -> PathBuf {
     static BUILT: std::sync::Once = std::sync::Once::new();
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release");
+    // This test binary is <target dir>/<profile>/deps/<name>: the same target dir, whatever
+    // CARGO_TARGET_DIR says (the cargo run below inherits it).
+    let exe = std::env::current_exe().unwrap();
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .expect("a test binary under <target>/<profile>/deps")
+        .join("release");
     BUILT.call_once(|| {
         let status = std::process::Command::new(env!("CARGO"))
             .args(["build", "--release", "-p", "sqlite-bpe"])
