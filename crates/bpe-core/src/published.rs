@@ -5,7 +5,10 @@
 //! second from a background thread: the query path never touches it. Each write goes to a
 //! temporary file that is renamed over the last, so a reader always sees one whole sample. A
 //! process that dies leaves its file behind; readers recognise it (the pid is gone, or belongs
-//! to a process that started at another time) and remove it.
+//! to a process that started at another time) and remove it. Writers and readers alike use the
+//! directory only if it is this user's alone (this user's, mode 0700, not a symbolic link), and
+//! readers read only this user's files in it: another local user who made the directory first
+//! could otherwise plant samples there. Such a directory is refused, and the refusal says why.
 //!
 //! The format, one item per line, tab-separated:
 //!
@@ -21,12 +24,16 @@
 use crate::counters::{CounterKind, CounterRow};
 use crate::engine::ExtensionState;
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 const MAGIC: &str = "sqlite-bpe counters 1";
 const SUFFIX: &str = "counters";
+/// How the names of our own files and directories in /dev/shm start: each user's directory
+/// (`sqlite-bpe-<uid>`) and, made by the SQLite adapter, the databases' commit logs
+/// (`sqlite-bpe-<uid>-<dev>-<ino>`). Nothing else may be put at such a name.
+const NAMESPACE: &str = "sqlite-bpe-";
 
 /// One published sample.
 #[derive(Clone, Debug, PartialEq)]
@@ -132,21 +139,99 @@ fn uid() -> u32 {
 
 /// The directory samples go to: under /dev/shm (memory) where there is one, else the temp dir.
 pub fn directory() -> PathBuf {
-    let base = if Path::new("/dev/shm").is_dir() {
+    directory_in(&base())
+}
+
+/// Where the per-user directories are: /dev/shm where there is one, else the temp dir.
+fn base() -> PathBuf {
+    if Path::new("/dev/shm").is_dir() {
         PathBuf::from("/dev/shm")
     } else {
         std::env::temp_dir()
-    };
-    base.join(format!("sqlite-bpe-{}", uid()))
+    }
 }
 
-/// The directory, created 0700 if missing; None if it is not ours alone (then nothing is
-/// published: another user could read or plant samples there).
-pub(crate) fn own_directory() -> Option<PathBuf> {
-    let dir = directory();
-    let _ = fs::DirBuilder::new().mode(0o700).create(&dir);
-    let meta = fs::symlink_metadata(&dir).ok()?;
-    (meta.is_dir() && meta.uid() == uid() && meta.permissions().mode() & 0o077 == 0).then_some(dir)
+/// This user's directory under `base`.
+fn directory_in(base: &Path) -> PathBuf {
+    base.join(format!("{NAMESPACE}{}", uid()))
+}
+
+/// The directory, created 0700 if missing; refused (PermissionDenied, naming it and why) if it
+/// is not ours alone: then nothing is published there, nor shared memory made, since another
+/// user could read or plant what is in it.
+pub(crate) fn own_directory() -> std::io::Result<PathBuf> {
+    own_directory_in(&base(), true)
+}
+
+/// This user's directory under `base` if it is this user's alone: a directory (not a symbolic
+/// link), this user's, that nobody else may enter (mode 0700). Created so first if `create` and
+/// missing. The one check of the directory, for writers and readers alike; every error names
+/// the directory (and NotFound says it is not there).
+fn own_directory_in(base: &Path, create: bool) -> std::io::Result<PathBuf> {
+    let dir = directory_in(base);
+    let named =
+        |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display()));
+    if create {
+        match fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(named(e)),
+            _ => {}
+        }
+    }
+    let meta = fs::symlink_metadata(&dir).map_err(named)?;
+    let mode = meta.permissions().mode() & 0o7777;
+    let why = if meta.file_type().is_symlink() {
+        "it is a symbolic link".to_string()
+    } else if !meta.is_dir() {
+        "it is not a directory".to_string()
+    } else if meta.uid() != uid() {
+        format!("it belongs to uid {}", meta.uid())
+    } else if mode & 0o077 != 0 {
+        format!("its mode is {mode:04o}, not 0700")
+    } else {
+        return Ok(dir);
+    };
+    Err(std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        format!("{} is not this user's alone: {why}", dir.display()),
+    ))
+}
+
+/// Why the counters are not read, if this user's directory is there but not this user's alone
+/// (for the monitor to say).
+pub fn refusal() -> Option<String> {
+    match own_directory_in(&base(), false) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Some(e.to_string()),
+        _ => None,
+    }
+}
+
+/// Whether `path` is in our own namespace in /dev/shm (a name starting with `sqlite-bpe-`
+/// directly in /dev/shm, or anything below one), or in this user's directory wherever it is:
+/// files of ours that nothing else may be put at (an extension file there would overwrite
+/// them, or be overwritten). Looked at both as written and with its directory resolved
+/// (symbolic links, `..`); /dev/shm is recognised by its identity too (a bind mount).
+pub(crate) fn is_in_namespace(path: &Path) -> bool {
+    let identity = |p: &Path| fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let shm = identity(Path::new("/dev/shm"));
+    let own = identity(&directory());
+    let resolved = path
+        .parent()
+        .zip(path.file_name())
+        .and_then(|(dir, name)| Some(fs::canonicalize(dir).ok()?.join(name)));
+    std::iter::once(path.to_path_buf())
+        .chain(resolved)
+        .any(|p| {
+            p.ancestors().any(|a| {
+                let Some(dir) = a.parent() else {
+                    return false;
+                };
+                let named = a
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(NAMESPACE));
+                let in_shm = || dir == Path::new("/dev/shm") || identity(dir) == shm;
+                (named && shm.is_some() && in_shm()) || (own.is_some() && identity(a) == own)
+            })
+        })
 }
 
 fn file_of(dir: &Path, pid: i32) -> PathBuf {
@@ -154,15 +239,10 @@ fn file_of(dir: &Path, pid: i32) -> PathBuf {
 }
 
 /// Writes `sample` as this process's published counters (a whole file, renamed into place).
-/// `PermissionDenied` when the directory is not this user's alone (publishing there never will
-/// be safe); other errors (a full /dev/shm) may pass.
+/// `PermissionDenied` (naming the directory and why) when the directory is not this user's
+/// alone (publishing there never will be safe); other errors (a full /dev/shm) may pass.
 pub fn publish(sample: &Sample) -> std::io::Result<()> {
-    let dir = own_directory().ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            "the counters directory is not this user's alone",
-        )
-    })?;
+    let dir = own_directory()?;
     let tmp = dir.join(format!("{}.tmp", sample.pid));
     let mut f = fs::OpenOptions::new()
         .write(true)
@@ -177,13 +257,37 @@ pub fn publish(sample: &Sample) -> std::io::Result<()> {
 
 /// Removes this process's published counters (at exit).
 pub fn unpublish(pid: i32) {
-    let _ = fs::remove_file(file_of(&directory(), pid));
+    if let Ok(dir) = own_directory_in(&base(), false) {
+        let _ = fs::remove_file(file_of(&dir, pid));
+    }
 }
 
 /// The latest sample of process `pid`, if it is alive and publishes.
 pub fn read(pid: i32) -> Option<Sample> {
-    let path = file_of(&directory(), pid);
-    let sample = Sample::parse(&fs::read_to_string(&path).ok()?)?;
+    read_in(&base(), pid)
+}
+
+/// [`read`] from this user's directory under `base`, only if it is this user's alone.
+fn read_in(base: &Path, pid: i32) -> Option<Sample> {
+    read_from(&own_directory_in(base, false).ok()?, pid)
+}
+
+/// The sample of process `pid` in `dir` (checked to be this user's alone), only from a file of
+/// this user's (not a symbolic link, nor another user's file: only root could put one there).
+fn read_from(dir: &Path, pid: i32) -> Option<Sample> {
+    let path = file_of(dir, pid);
+    let mut file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.uid() != uid() {
+        return None;
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).ok()?;
+    let sample = Sample::parse(&text)?;
     if sample.pid != pid || process_start(pid) != Some(sample.started) {
         // Its process is gone (or the pid now names another): a leftover.
         let _ = fs::remove_file(&path);
@@ -194,14 +298,22 @@ pub fn read(pid: i32) -> Option<Sample> {
 
 /// The latest samples of every live process of this user that publishes, by pid.
 pub fn list() -> Vec<Sample> {
-    let Ok(entries) = fs::read_dir(directory()) else {
+    list_in(&base())
+}
+
+/// [`list`] from this user's directory under `base`, only if it is this user's alone.
+fn list_in(base: &Path) -> Vec<Sample> {
+    let Ok(dir) = own_directory_in(base, false) else {
+        return Vec::new();
+    };
+    let Ok(entries) = fs::read_dir(&dir) else {
         return Vec::new();
     };
     let mut out: Vec<Sample> = entries
         .filter_map(|e| {
             let name = e.ok()?.file_name().into_string().ok()?;
             let pid = name.strip_suffix(&format!(".{SUFFIX}"))?.parse().ok()?;
-            read(pid)
+            read_from(&dir, pid)
         })
         .collect();
     out.sort_by_key(|s| s.pid);
@@ -236,6 +348,153 @@ mod tests {
         assert_eq!(Sample::parse("hello\npid\t1\n"), None);
         assert_eq!(Sample::parse(&format!("{MAGIC}\npid\tx\n")), None);
         assert_eq!(Sample::parse(MAGIC), None);
+    }
+
+    /// A sample that reads as live: this process's pid and start time (what anyone can read in
+    /// /proc), as another user could plant it.
+    fn forged() -> Sample {
+        let mut s = sample();
+        s.pid = std::process::id() as i32;
+        s.started = process_start(s.pid).unwrap();
+        s.state = "FORGED".into();
+        s
+    }
+
+    fn root() -> bool {
+        uid() == 0
+    }
+
+    /// Samples are read only from this user's own directory (mode 0700, not a symbolic link)
+    /// and only from files of this user: another local user who made the directory first, or a
+    /// directory anyone may write, could otherwise show the monitor a forged sample. The base
+    /// directory is a temporary one (the real one is shared by the tests running at the same
+    /// time). A directory or a file of another user needs root to make (`chown`).
+    #[test]
+    fn samples_are_read_only_from_this_users_private_directory_and_own_files() {
+        let base = tempfile::tempdir().unwrap();
+        let base = base.path();
+        let dir = directory_in(base);
+        let s = forged();
+        let plant = |dir: &Path| {
+            fs::create_dir_all(dir).unwrap();
+            fs::write(file_of(dir, s.pid), s.to_text()).unwrap();
+        };
+        let unseen = |why: &str| {
+            assert_eq!(read_in(base, s.pid), None, "read: {why}");
+            assert_eq!(list_in(base), Vec::new(), "listed: {why}");
+        };
+
+        // This user's own directory, 0700: read and listed.
+        plant(&dir);
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(read_in(base, s.pid), Some(s.clone()));
+        assert_eq!(list_in(base), vec![s.clone()]);
+
+        // Open to others (anyone could have planted it).
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        unseen("a directory others may write");
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+
+        // A symbolic link in place of the directory, to a directory of ours.
+        let elsewhere = base.join("elsewhere");
+        fs::rename(&dir, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
+        unseen("a symbolic link for the directory");
+        fs::remove_file(&dir).unwrap();
+        fs::rename(&elsewhere, &dir).unwrap();
+
+        // A file that is a symbolic link (to the sample elsewhere).
+        let file = file_of(&dir, s.pid);
+        fs::rename(&file, base.join("sample")).unwrap();
+        std::os::unix::fs::symlink(base.join("sample"), &file).unwrap();
+        unseen("a symbolic link for the file");
+        fs::remove_file(&file).unwrap();
+        fs::rename(base.join("sample"), &file).unwrap();
+        assert_eq!(read_in(base, s.pid), Some(s.clone()));
+
+        if !root() {
+            println!("SKIPPED the other user's directory and file: needs root (chown)");
+            return;
+        }
+        // Another user's file in our directory.
+        std::os::unix::fs::chown(&file, Some(65534), Some(65534)).unwrap();
+        unseen("another user's file");
+        std::os::unix::fs::chown(&file, Some(uid()), None).unwrap();
+        assert_eq!(read_in(base, s.pid), Some(s.clone()));
+
+        // Another user's directory, 0700, made before ours (the file in it is "ours").
+        std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+        unseen("another user's directory");
+        assert!(
+            file.exists(),
+            "a file in another user's directory was removed"
+        );
+    }
+
+    /// Why a directory is refused is said, naming it: the refusal must be visible (the
+    /// publisher says it through sqlite3_log, a shared extension in its last failure).
+    #[test]
+    fn a_directory_not_this_users_alone_is_refused_naming_it_and_why() {
+        let base = tempfile::tempdir().unwrap();
+        let base = base.path();
+        let dir = directory_in(base);
+        let refused = |create: bool| {
+            let e = own_directory_in(base, create).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+            assert!(e.to_string().contains(&dir.display().to_string()), "{e}");
+            e.to_string()
+        };
+        assert_eq!(
+            own_directory_in(base, false).unwrap_err().kind(),
+            std::io::ErrorKind::NotFound
+        );
+        assert_eq!(own_directory_in(base, true).unwrap(), dir);
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        let e = refused(true);
+        assert!(e.contains("mode is 0755"), "{e}");
+        fs::remove_dir(&dir).unwrap();
+        fs::create_dir(base.join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(base.join("elsewhere"), &dir).unwrap();
+        assert!(refused(false).contains("symbolic link"));
+        fs::remove_file(&dir).unwrap();
+        if root() {
+            fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
+            std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+            assert!(refused(true).contains("uid 65534"));
+        }
+    }
+
+    /// Our own names in /dev/shm (a database's commit log, each user's directory and what is in
+    /// it) are recognised, written plainly or through a symbolic link; nothing else is.
+    #[test]
+    fn our_own_names_in_dev_shm_are_recognised() {
+        if !Path::new("/dev/shm").is_dir() {
+            println!("SKIPPED: no /dev/shm");
+            return;
+        }
+        for ours in [
+            "/dev/shm/sqlite-bpe-0-2049-1234",
+            "/dev/shm/sqlite-bpe-1000",
+            "/dev/shm/sqlite-bpe-1000/x.bpe",
+            "/dev/shm/./sqlite-bpe-7-1-2",
+        ] {
+            assert!(is_in_namespace(Path::new(ours)), "{ours}");
+        }
+        assert!(is_in_namespace(&directory().join("x.bpe")));
+        for theirs in [
+            "/dev/shm/x.bpe",
+            "/dev/shm/sqlite-bp-1",
+            "/dev/shm/other/sqlite-bpe-1",
+            "/tmp/sqlite-bpe-demo-x/ext.bpe",
+            "/var/sqlite-bpe-1",
+        ] {
+            assert!(!is_in_namespace(Path::new(theirs)), "{theirs}");
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let link = tmp.path().join("shm");
+        std::os::unix::fs::symlink("/dev/shm", &link).unwrap();
+        assert!(is_in_namespace(&link.join("sqlite-bpe-0-1-2")));
+        assert!(!is_in_namespace(&link.join("x.bpe")));
     }
 
     /// One test: both cases use this process's own file.

@@ -86,12 +86,22 @@ fn command_of(pid: i32) -> String {
 }
 
 fn read_live(pid: i32) -> anyhow::Result<Sample> {
-    published::read(pid).with_context(|| {
-        format!(
+    published::read(pid).with_context(|| match published::refusal() {
+        Some(why) => format!("process {pid}'s counters are not read: {why}"),
+        None => format!(
             "process {pid} publishes no sqlite-bpe counters (not running, no engine yet, or \
              another user's); `sqlite-bpe monitor` lists the ones that do"
-        )
+        ),
     })
+}
+
+/// Says on stderr why no counters are read at all, if this user's counters directory is there
+/// but not this user's alone (another user may have made it first: nothing is published or
+/// read there).
+fn warn_if_refused() {
+    if let Some(why) = published::refusal() {
+        eprintln!("sqlite-bpe monitor: no counters are read: {why}");
+    }
 }
 
 /// The next sample after `after` (published about once a second), within a few seconds.
@@ -118,6 +128,7 @@ pub fn run(args: &MonitorArgs) -> anyhow::Result<()> {
 }
 
 fn list(json: bool) -> anyhow::Result<()> {
+    warn_if_refused();
     let all = published::list();
     if json {
         let rows: Vec<_> = all

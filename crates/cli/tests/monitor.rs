@@ -101,3 +101,77 @@ fn the_monitor_lists_a_live_engine_reads_its_rates_and_forgets_it_when_it_exits(
         String::from_utf8_lossy(&gone.stderr)
     );
 }
+
+/// Run by `sh -c` in a private mount namespace: a fresh tmpfs over /dev/shm, in it this user's
+/// counters directory holding a sample that reads as live (the shell's own pid and start time,
+/// which `exec` keeps for the monitor), the directory and sample then given to another user
+/// (uid 65534) as if that user had made them first; then the monitor (`$0`, with its arguments)
+/// in the shell's place.
+const FORGE_THEN_MONITOR: &str = r#"mount -t tmpfs -o size=1m tmpfs /dev/shm || exit 97
+d=/dev/shm/sqlite-bpe-$(id -u)
+mkdir -m 0700 "$d" || exit 98
+started=$(cut -d' ' -f22 /proc/$$/stat)
+printf 'sqlite-bpe counters 1\npid\t%s\nstarted\t%s\ntime_ms\t1\nstate\tFORGED\n' $$ "$started" > "$d/$$.counters"
+chown -R 65534:65534 "$d" || exit 98
+exec "$0" "$@""#;
+
+/// Whether this machine lets us mount a tmpfs in a private mount namespace and give a file to
+/// another user (root, or a namespace-capable container).
+fn namespaces_permitted() -> bool {
+    Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs -o size=1m tmpfs /dev/shm && touch /dev/shm/x && chown 65534 /dev/shm/x")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The monitor with `args`, run in a namespace prepared by [`FORGE_THEN_MONITOR`].
+fn monitor_over_a_forged_directory(args: &[&str]) -> std::process::Output {
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(FORGE_THEN_MONITOR)
+        .arg(env!("CARGO_BIN_EXE_sqlite-bpe"))
+        .arg("monitor")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        !matches!(out.status.code(), Some(97 | 98)),
+        "cannot prepare the namespace: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Issue 30: another local user who makes `/dev/shm/sqlite-bpe-<uid>` before this user does
+/// cannot show this user's monitor a forged sample (a sample that names a live process of
+/// this user, with its start time): the monitor reads only from this user's own directory
+/// (mode 0700, not a link), and says why it does not read that one. The real /dev/shm is not
+/// touched: the test runs in a private mount namespace over a tmpfs of its own.
+#[test]
+fn the_monitor_shows_no_sample_from_a_directory_another_user_made() {
+    if !namespaces_permitted() {
+        println!("SKIPPED: no private mount namespace or chown here (needs root)");
+        return;
+    }
+    let out = monitor_over_a_forged_directory(&["--json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}\n{stdout}");
+    let list: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(list, serde_json::json!([]), "a forged sample was listed");
+    assert!(
+        stderr.contains("/dev/shm/sqlite-bpe-") && stderr.contains("uid 65534"),
+        "the monitor does not say why it reads nothing: {stderr}"
+    );
+
+    let out = monitor_over_a_forged_directory(&[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stdout.contains("FORGED"), "{stdout}");
+    assert!(stderr.contains("uid 65534"), "{stderr}\n{stdout}");
+}

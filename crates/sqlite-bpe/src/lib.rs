@@ -44,8 +44,11 @@ pub fn existing_engine() -> Option<Arc<Engine>> {
 static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
 
 /// Reads the configuration, creates the engine and registers the VFS and the auto-extension,
-/// once per process; makes `bpe` the default VFS whenever `BPE_DEFAULT_VFS=1` at the call.
+/// once per process; makes `bpe` the default VFS whenever `BPE_DEFAULT_VFS=1` at the call. The
+/// whole environment is checked before anything is registered: a load that fails leaves no
+/// `bpe` VFS behind.
 fn install_process_wide() -> Result<(), String> {
+    let make_default = env_config::default_vfs_from_env()?;
     INSTALLED
         .get_or_init(|| {
             process::configure(EnvConfig::from_env()?);
@@ -58,7 +61,7 @@ fn install_process_wide() -> Result<(), String> {
             Ok(())
         })
         .clone()?;
-    if env_config::default_vfs_from_env()? {
+    if make_default {
         vfs::register(true)?;
     }
     Ok(())

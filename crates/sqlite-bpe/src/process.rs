@@ -136,7 +136,7 @@ const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Publishes the engine's counters about once a second, off the query path, for other
 /// processes of this user (`bpe_core::published`); stops with the engine, or for good if the
-/// counters directory is not this user's alone.
+/// counters directory is not this user's alone (said through sqlite3_log, with why).
 fn start_publisher(engine: &Arc<Engine>, gen: u64) {
     let engine = Arc::downgrade(engine);
     let _ = std::thread::Builder::new()
@@ -149,6 +149,10 @@ fn start_publisher(engine: &Arc<Engine>, gen: u64) {
             drop(e);
             if let Err(e) = published::publish(&sample) {
                 if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    crate::api::log(
+                        libsqlite3_sys::SQLITE_WARNING,
+                        &format!("bpe: counters not published for sqlite-bpe monitor: {e}"),
+                    );
                     return;
                 }
             }

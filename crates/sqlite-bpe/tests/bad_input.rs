@@ -353,3 +353,102 @@ fn bad_environment_settings_fail_the_load_naming_the_variable() {
         );
     }
 }
+
+/// Issue 30: a load that fails registers nothing. `BPE_DEFAULT_VFS` with a value other than 0
+/// or 1 fails the load naming the variable, and the `bpe` VFS does not exist afterwards (it
+/// used to be registered before the variable was read, and stayed usable).
+#[test]
+fn a_failed_load_registers_no_vfs() {
+    if sqlite3_shell().is_none() {
+        println!("SKIPPED: no sqlite3 shell (CI installs it)");
+        return;
+    }
+    let lib = extension_library();
+    let lib = lib.with_extension("");
+    let dir = tempdir();
+    let script = format!(".load {}\n.open file:x.db?vfs=bpe\n", lib.display());
+    for value in ["2", "yes", "-1"] {
+        let (out, err, _) = run_shell_with_env(dir.path(), &script, &[("BPE_DEFAULT_VFS", value)]);
+        let what = format!("BPE_DEFAULT_VFS={value}:\nstdout:\n{out}\nstderr:\n{err}");
+        assert!(
+            err.contains("BPE_DEFAULT_VFS"),
+            "the load error does not name the variable: {what}"
+        );
+        assert!(
+            err.contains("no such vfs: bpe"),
+            "the failed load left the VFS registered: {what}"
+        );
+        assert!(!dir.path().join("x.db").exists(), "{what}");
+    }
+}
+
+/// The commit log bpe processes share for the database at `db` (see vfs/peer_log.rs).
+fn peer_log_of(db: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(db).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    PathBuf::from(format!("/dev/shm/sqlite-bpe-{uid}-{}-{}", m.dev(), m.ino()))
+}
+
+/// The commit log's size: 64 KiB of entries and its header (vfs/peer_log.rs SIZE).
+const PEER_LOG_BYTES: u64 = 64 + 4096 * 16;
+
+/// Issue 30: our own files in /dev/shm (`sqlite-bpe-*`: a database's commit log, the per-user
+/// directory of shared memory and published counters) are never an extension. The commit log
+/// of an open database used to be taken when it was not there yet (and then cut to the log's
+/// size by the next commit), and refused only as "a file" when it was; now both are refused
+/// with a message that names the problem, and the log is left as it was.
+#[test]
+fn an_extension_at_our_own_files_in_dev_shm_is_refused_and_leaves_them_as_they_were() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let d = dir.path();
+    let db = d.join("app.db");
+    let c = open_bpe(&db);
+    // A commit in rollback mode maps (and makes) the database's commit log.
+    c.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+        .unwrap();
+    exec(&c, "EXEC sp_configure 'max server memory (MB)', 8");
+    let log = peer_log_of(&db);
+    let before = std::fs::read(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    assert_eq!(before.len() as u64, PEER_LOG_BYTES);
+    let extension = |c: &Connection| state(c, d).extension;
+    let off = extension(&c);
+
+    // A database open whose log is not made yet (nothing read or written through bpe yet).
+    let other = d.join("other.db");
+    open_unix(&other)
+        .execute_batch("CREATE TABLE u(y);")
+        .unwrap();
+    let c2 = open_bpe(&other);
+    let unmade = peer_log_of(&other);
+    let unmade_existed = unmade.exists();
+
+    let mine = PathBuf::from("/dev/shm").join(format!(
+        "sqlite-bpe-{}",
+        // SAFETY: getuid has no preconditions.
+        unsafe { libc::getuid() }
+    ));
+    for path in [unmade.clone(), log.clone(), mine.join("x.bpe")] {
+        let err = exec_err(&c, &on(&path.display().to_string(), "16 MB"));
+        assert!(
+            err.contains(&path.display().to_string()) && err.contains("sqlite-bpe's own"),
+            "{}: the error does not name the problem: {err}",
+            path.display()
+        );
+        assert_eq!(extension(&c), off, "{}", path.display());
+    }
+    assert_eq!(
+        std::fs::read(&log).unwrap(),
+        before,
+        "the commit log changed"
+    );
+    // The other database's first commit through bpe makes its log, which is then a log.
+    c2.execute_batch("INSERT INTO u VALUES (2);").unwrap();
+    if !unmade_existed {
+        assert_eq!(std::fs::metadata(&unmade).unwrap().len(), PEER_LOG_BYTES);
+    }
+    assert!(!mine.join("x.bpe").exists());
+    exec(&c, "EXEC sp_configure 'max server memory (MB)', 64");
+}

@@ -426,13 +426,10 @@ impl Extension {
                 .find(|e| e.page == 0 && t.restored.live(e))
                 .copied()
         };
-        // The stamp alone is never trusted: a write in the same tick of a coarse clock leaves
-        // it equal, and a rollback-mode commit always changes the first page.
-        let Some(h) = header else {
-            return refuse("no copy of its first page to check it against");
-        };
-        if first_page.crc(h.len()) != Some(h.crc) {
-            return refuse("its first page differs from the cached copy");
+        if let Some(h) = header {
+            if first_page.crc(h.len()) != Some(h.crc) {
+                return refuse("its first page differs from the cached copy");
+            }
         }
         // Index memory first (charging may evict from RAM, which offers pages to us). Only the
         // writer's thread grows the index (adoptions run there), so the room charged stays room.

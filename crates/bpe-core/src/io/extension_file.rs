@@ -48,6 +48,13 @@ pub fn validate_path(path: &Path, shared: bool) -> Result<()> {
             ),
         ));
     }
+    if crate::published::is_in_namespace(path) {
+        return Err(bad(
+            path,
+            "it is sqlite-bpe's own: in /dev/shm, names starting \"sqlite-bpe-\" are the \
+             databases' commit logs and each user's directory of shared memory and counters",
+        ));
+    }
     let parent = path.parent().unwrap_or(Path::new("/"));
     match std::fs::metadata(parent) {
         Ok(m) if m.is_dir() => {}
@@ -395,7 +402,7 @@ fn lock_request(kind: libc::c_int) -> libc::flock {
 
 /// Removes the shared memory of the shared extension file (dev, ino), if there is one.
 fn remove_shared_memory(dev: u64, ino: u64) {
-    if let Some(p) = crate::extension::shared::memory_path(super::FileIdentity { dev, ino }) {
+    if let Ok(p) = crate::extension::shared::memory_path(super::FileIdentity { dev, ino }) {
         let _ = std::fs::remove_file(p);
     }
 }

@@ -26,8 +26,9 @@ unsafe impl Send for SharedMemory {}
 unsafe impl Sync for SharedMemory {}
 
 impl SharedMemory {
-    /// The path of the shared memory named `name` (in this user's private directory).
-    pub fn path_of(name: &str) -> Option<PathBuf> {
+    /// The path of the shared memory named `name` (in this user's private directory); refused,
+    /// naming the directory and why, if that directory is not this user's alone.
+    pub fn path_of(name: &str) -> std::io::Result<PathBuf> {
         crate::published::own_directory().map(|d| d.join(name))
     }
 
@@ -233,7 +234,7 @@ mod tests {
     /// `open` reserves the whole file first, also one that someone else sized (sparse).
     #[test]
     fn open_reserves_the_memory_of_a_file_sized_by_someone_else() {
-        let Some(path) = SharedMemory::path_of(&format!("reserve-test-{}", std::process::id()))
+        let Ok(path) = SharedMemory::path_of(&format!("reserve-test-{}", std::process::id()))
         else {
             return;
         };

@@ -136,8 +136,9 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
-/// The shared memory of the extension file (dev, ino).
-pub fn memory_path(identity: FileIdentity) -> Option<PathBuf> {
+/// The shared memory of the extension file (dev, ino); refused, naming the directory and why,
+/// if this user's directory for it is not this user's alone.
+pub fn memory_path(identity: FileIdentity) -> std::io::Result<PathBuf> {
     SharedMemory::path_of(&format!(
         "extension-{}-{}.shared",
         identity.dev, identity.ino
@@ -192,7 +193,7 @@ impl SharedIndex {
             ino: meta.ino(),
         };
         let shm = memory_path(identity)
-            .ok_or_else(|| bad(path, "this user's shared memory directory is not private"))?;
+            .map_err(|e| bad(path, format!("no shared memory for it: {e}")))?;
         let others = (0..MAX_PARTICIPANTS)
             .filter(|&i| ofd::held_elsewhere(&locks, participant_byte(i)))
             .count();

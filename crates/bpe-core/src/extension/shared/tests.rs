@@ -50,7 +50,7 @@ fn admit(index: &SharedIndex, claim: Claim, file: SharedFile, page: u64, epoch: 
 impl Drop for Setup {
     fn drop(&mut self) {
         if let Ok(m) = std::fs::metadata(&self.path) {
-            if let Some(p) = memory_path(FileIdentity {
+            if let Ok(p) = memory_path(FileIdentity {
                 dev: m.dev(),
                 ino: m.ino(),
             }) {
