@@ -339,8 +339,7 @@ fn next_second() {
 /// Issue 30: on a file system whose timestamps keep whole seconds, a plain-SQLite commit in
 /// the same second as a bpe process's last write left the stamp equal, and the next bpe
 /// process restored and served the old pages. A stamp is now racy for twice the granularity
-/// the stamp shows, and the first page is always checked; a warm restart still works once
-/// the file has aged.
+/// its times show; a warm restart still works once the file has aged.
 #[test]
 fn on_a_file_system_with_one_second_timestamps_a_change_between_processes_is_never_stale() {
     let dir = tempdir();
