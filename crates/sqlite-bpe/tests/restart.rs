@@ -415,13 +415,23 @@ fn sigkill_during_fill_restore_or_resize_never_serves_a_stale_page() {
             let delay = rng.gen_range(5..400);
             let mut process = child("loop", &db, &ext, &expect).spawn().unwrap();
             let out = process.stdout.take().unwrap();
+            let (first_line, started) = std::sync::mpsc::channel();
             let lines = std::thread::spawn(move || {
-                BufReader::new(out)
-                    .lines()
-                    .map_while(Result::ok)
-                    .collect::<Vec<_>>()
-                    .join("\n")
+                let mut all = Vec::new();
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if all.is_empty() {
+                        let _ = first_line.send(());
+                    }
+                    all.push(line);
+                }
+                all.join("\n")
             });
+            // Every other child is killed counting from its first round rather than from its
+            // start: on a loaded machine a start alone can take longer than any delay, and then
+            // no child would ever leave a checkpoint for the next to start warm from.
+            if i % 2 == 1 {
+                let _ = started.recv_timeout(Duration::from_secs(60));
+            }
             std::thread::sleep(Duration::from_millis(delay));
             if let Some(status) = process.try_wait().unwrap() {
                 let mut err = String::new();
