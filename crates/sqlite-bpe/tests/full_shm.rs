@@ -234,32 +234,10 @@ const CHILD: &str = "BPE_FULL_SHM_TEST_CHILD";
 #[test]
 #[ignore]
 fn child_entry() {
-    use std::ffi::{c_char, c_int, c_void, CStr};
-    use std::sync::Mutex;
     if std::env::var(CHILD).is_err() {
         return;
     }
-    static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    extern "C" fn collect(_: *mut c_void, code: c_int, msg: *const c_char) {
-        // SAFETY: SQLite passes a NUL-terminated message valid for the call.
-        let msg = unsafe { CStr::from_ptr(msg) }.to_string_lossy();
-        SAID.lock().unwrap().push(format!("{code} {msg}"));
-    }
-    type Logger = extern "C" fn(*mut c_void, c_int, *const c_char);
-    // SAFETY: before SQLite is initialized (nothing in this process has used it yet), with the
-    // arguments SQLITE_CONFIG_LOG takes: a callback that lives for the program, and its argument.
-    let rc = unsafe {
-        libsqlite3_sys::sqlite3_config(
-            libsqlite3_sys::SQLITE_CONFIG_LOG,
-            collect as Logger,
-            std::ptr::null_mut::<c_void>(),
-        )
-    };
-    assert_eq!(
-        rc,
-        libsqlite3_sys::SQLITE_OK,
-        "sqlite3_config(SQLITE_CONFIG_LOG)"
-    );
+    collect_sqlite_log();
     let db = std::env::current_dir().unwrap().join("full.db");
     for _ in 0..2 {
         let conn = open_bpe(&db);
@@ -270,7 +248,7 @@ fn child_entry() {
         conn.execute("UPDATE t SET n = 'x' WHERE id = 1", [])
             .unwrap();
     }
-    for said in SAID.lock().unwrap().iter() {
+    for said in sqlite_log().iter() {
         println!("LOG {said}");
     }
 }

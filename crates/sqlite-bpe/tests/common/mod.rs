@@ -226,3 +226,36 @@ pub fn crash_seed() -> u64 {
         |v| v.parse().expect("BPE_CRASH_SEED"),
     )
 }
+
+static SQLITE_LOG: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Collects every sqlite3_log message ("code message") from now on, for [`sqlite_log`]. Call it
+/// before anything in the process has used SQLite (a child process's first step).
+pub fn collect_sqlite_log() {
+    use std::ffi::{c_char, c_int, c_void, CStr};
+    extern "C" fn collect(_: *mut c_void, code: c_int, msg: *const c_char) {
+        // SAFETY: SQLite passes a NUL-terminated message valid for the call.
+        let msg = unsafe { CStr::from_ptr(msg) }.to_string_lossy();
+        SQLITE_LOG.lock().unwrap().push(format!("{code} {msg}"));
+    }
+    type Logger = extern "C" fn(*mut c_void, c_int, *const c_char);
+    // SAFETY: before SQLite is initialized (nothing in this process has used it yet), with the
+    // arguments SQLITE_CONFIG_LOG takes: a callback that lives for the program, and its argument.
+    let rc = unsafe {
+        libsqlite3_sys::sqlite3_config(
+            libsqlite3_sys::SQLITE_CONFIG_LOG,
+            collect as Logger,
+            std::ptr::null_mut::<c_void>(),
+        )
+    };
+    assert_eq!(
+        rc,
+        libsqlite3_sys::SQLITE_OK,
+        "sqlite3_config(SQLITE_CONFIG_LOG)"
+    );
+}
+
+/// What sqlite3_log said since [`collect_sqlite_log`].
+pub fn sqlite_log() -> Vec<String> {
+    SQLITE_LOG.lock().unwrap().clone()
+}
