@@ -358,7 +358,14 @@ fn sql<T>(r: rusqlite::Result<T>, what: &str) -> Step<T> {
         if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy) {
             Fail::Busy
         } else {
-            Fail::Violation(vec![format!("SQLite error in {what}: {e} ({e:?})")])
+            // A full disk fails the run too, but it is the machine's, not a wrong answer (a
+            // test filling the same disk at the same time: bad_input.rs's 600 GB extension).
+            let note = if e.sqlite_error_code() == Some(ErrorCode::DiskFull) {
+                " [the disk was full: an environment failure, not a wrong answer]"
+            } else {
+                ""
+            };
+            Fail::Violation(vec![format!("SQLite error in {what}: {e} ({e:?}){note}")])
         }
     })
 }
