@@ -117,6 +117,106 @@ fn a_file_changed_between_engines_has_none_of_its_pages_restored() {
     assert_eq!(tier, Tier::DataFile);
 }
 
+/// `fill_and_close`, but the first page is read before the extension is on and kept hot, so
+/// that only RAM holds it when the engine closes (as a live database's header usually is).
+fn fill_and_close_first_page_in_ram_only(data: &Path, ext: &Path) {
+    let engine = engine(MEMORY);
+    let f = engine.open_file(data, PAGE).unwrap();
+    assert_eq!(decode(&read(&engine, &f, 0).0), Some((0, 0)));
+    engine.enable_extension(ext, EXT).unwrap();
+    for p in 1..PAGES {
+        assert_eq!(decode(&read(&engine, &f, p).0), Some((p, 0)));
+        assert_eq!(decode(&read(&engine, &f, 0).0), Some((0, 0)));
+    }
+    assert!(engine.wait_for_extension_writes(WAIT));
+    assert!(engine.wait_for_readahead(WAIT));
+    let first_page = |tier| {
+        engine
+            .descriptors()
+            .iter()
+            .any(|d| d.page == 0 && d.tier == tier)
+    };
+    assert!(first_page(Tier::Memory) && !first_page(Tier::Extension));
+    drop(f);
+    drop(engine);
+}
+
+/// Another program rewrites pages 0 and 7 while no engine watches. (Page 0 gets a byte of its
+/// own besides: a test page ends in its own CRC, which makes every version of it the same CRC
+/// residue, and a real header does not.)
+fn rewrite_first_page_and_page_7(data: &Path) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(data).unwrap();
+    let mut first = page_bytes(0, 1, PAGE);
+    first[100] ^= 0xff;
+    f.write_all_at(&first, 0).unwrap();
+    f.write_all_at(&page_bytes(7, 1, PAGE), 7 * PAGE as u64)
+        .unwrap();
+}
+
+#[test]
+fn a_first_page_only_ram_held_is_recorded_and_checked_at_the_next_start() {
+    let dir = tempdir();
+    let data = settled_file(dir.path(), "data");
+    let ext = dir.path().join("ext.bpe");
+    fill_and_close_first_page_in_ram_only(&data, &ext);
+    {
+        let (warm, _f) = restart(&data, &ext);
+        let c = warm.counters();
+        assert!(
+            c.ext_pages_restored >= PAGES - 20 && c.ext_pages_not_restored == 0,
+            "unchanged file: {} restored, {} not",
+            c.ext_pages_restored,
+            c.ext_pages_not_restored
+        );
+        // Prewarm jobs hold the engine: it (and its hold of the extension) goes only after.
+        assert!(warm.wait_for_readahead(WAIT));
+    }
+
+    // A change the stamp does not show (a file system whose clock did not move): the first
+    // page differs from the checkpoint's record of it, so nothing is restored.
+    fill_and_close_first_page_in_ram_only(&data, &ext);
+    rewrite_first_page_and_page_7(&data);
+    let engine = engine(MEMORY);
+    engine.faults().unmoved_stamps_at_adoption(1);
+    engine.enable_extension(&ext, EXT).unwrap();
+    let f = engine.open_file(&data, PAGE).unwrap();
+    assert!(engine.wait_for_extension_restore(WAIT));
+    assert_eq!(engine.counters().ext_pages_restored, 0);
+    let (bytes, tier) = read(&engine, &f, 7);
+    assert_eq!(decode(&bytes), Some((7, 1)), "a stale page was served");
+    assert_eq!(tier, Tier::DataFile);
+}
+
+#[test]
+fn a_checkpoint_without_a_first_page_to_check_never_vouches_on_the_stamp_alone() {
+    let dir = tempdir();
+    let data = settled_file(dir.path(), "data");
+    let ext = dir.path().join("ext.bpe");
+    // Pages 1.. only: neither tier ever held the first page.
+    {
+        let engine = engine(MEMORY);
+        engine.enable_extension(&ext, EXT).unwrap();
+        let f = engine.open_file(&data, PAGE).unwrap();
+        for p in 1..PAGES {
+            assert_eq!(decode(&read(&engine, &f, p).0), Some((p, 0)));
+        }
+        assert!(engine.wait_for_extension_writes(WAIT));
+        assert!(engine.wait_for_readahead(WAIT));
+        assert!(!engine.descriptors().iter().any(|d| d.page == 0));
+    }
+    rewrite_first_page_and_page_7(&data);
+    let engine = engine(MEMORY);
+    engine.faults().unmoved_stamps_at_adoption(1);
+    engine.enable_extension(&ext, EXT).unwrap();
+    let f = engine.open_file(&data, PAGE).unwrap();
+    assert!(engine.wait_for_extension_restore(WAIT));
+    assert_eq!(engine.counters().ext_pages_restored, 0);
+    assert!(engine.counters().ext_pages_not_restored > 0);
+    let (bytes, _) = read(&engine, &f, 7);
+    assert_eq!(decode(&bytes), Some((7, 1)), "a stale page was served");
+}
+
 #[test]
 fn a_damaged_checkpoint_or_an_unreadable_first_page_starts_cold() {
     let dir = tempdir();

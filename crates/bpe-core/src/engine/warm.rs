@@ -6,7 +6,7 @@
 
 use super::{Engine, Via};
 use crate::counters::Counters;
-use crate::extension::{page_crc, Extension, Location, Vouched};
+use crate::extension::{page_crc, Extension, Location, PageCheck, Vouched, VouchedFile};
 use crate::files::{FileHandle, OpenKind};
 use crate::page::PageKey;
 use crate::pool::LoadSource;
@@ -87,7 +87,21 @@ impl Engine {
             .iter()
             .filter_map(|f| {
                 let known = f.known_stamp().filter(|k| !k.racy)?;
-                Some((f.key(), known.stamp))
+                // After the stamp, as the key: a frame of the file's page 0 read later than
+                // the stamp can only make adoption refuse (see `persist.rs`).
+                let first_page = self
+                    .pool
+                    .peek(PageKey::new(f.key(), 0))
+                    .filter(|frame| frame.is_current())
+                    .map(|frame| PageCheck {
+                        len: frame.data.len() as u32,
+                        crc: page_crc(0, &frame.data),
+                    });
+                Some(VouchedFile {
+                    key: f.key(),
+                    stamp: known.stamp,
+                    first_page,
+                })
             })
             .collect();
         Vouched { files }
@@ -154,7 +168,10 @@ impl Engine {
         }
         let hot = {
             let _writes = file.writes_held_off();
-            let now = file.stamp_now().ok();
+            let now = match self.faults.take_unmoved_stamp() {
+                true => ext.recorded_stamp(file.identity()),
+                false => file.stamp_now().ok(),
+            };
             ext.adopt(file.key(), file.identity(), now, |len: usize| {
                 let mut buf = vec![0u8; len];
                 match self.device_read(file, Via(None), 0, &mut buf) {

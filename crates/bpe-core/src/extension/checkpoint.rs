@@ -22,11 +22,12 @@ use super::{ExtensionIndex, REGION_BYTES, UNIT};
 use crate::io::{AlignedBuf, FileIdentity, FileStamp};
 
 const MAGIC: &[u8; 8] = b"BPECKPT1";
-const VERSION: u32 = 1;
+/// 2: each file carries its first page's checksum (a checkpoint of format 1 starts cold).
+const VERSION: u32 = 2;
 const HEADER_BYTES: usize = 4096;
 /// Bytes of the header the header checksum covers (the checksum follows them).
 const HEADER_USED: usize = 60;
-const FILE_BYTES: usize = 40;
+const FILE_BYTES: usize = 48;
 const ENTRY_BYTES: usize = 16;
 /// Data files one checkpoint vouches for, at most.
 pub const MAX_FILES: usize = 1024;
@@ -63,6 +64,18 @@ pub fn slot_offset(regions: usize, i: u64) -> u64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SavedFile {
     pub stamp: FileStamp,
+    /// The file's first page as RAM held it when the stamp was vouched for: adoption reads the
+    /// first page again and compares, so that a stamp alone never vouches for a file (a write
+    /// within a coarse clock tick can leave size and times as they were; the first page of a
+    /// database carries the change counter of every commit).
+    pub first_page: Option<PageCheck>,
+}
+
+/// A page's length and checksum (`page_crc` of its bytes), to compare a later read with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PageCheck {
+    pub len: u32,
+    pub crc: u32,
 }
 
 /// One cached page: which file (an index into the checkpoint's files), where, and its checksum.
@@ -147,6 +160,10 @@ impl Checkpoint {
             put(p, at + 16, &s.size.to_le_bytes());
             put(p, at + 24, &s.mtime_ns.to_le_bytes());
             put(p, at + 32, &s.ctime_ns.to_le_bytes());
+            // Length 0: no first page recorded.
+            let check = f.first_page.unwrap_or(PageCheck { len: 0, crc: 0 });
+            put(p, at + 40, &check.len.to_le_bytes());
+            put(p, at + 44, &check.crc.to_le_bytes());
             at += FILE_BYTES;
         }
         for e in &self.entries {
@@ -225,6 +242,11 @@ impl Checkpoint {
                         mtime_ns: u64_at(b, 24) as i64,
                         ctime_ns: u64_at(b, 32) as i64,
                     },
+                    first_page: Some(PageCheck {
+                        len: u32_at(b, 40),
+                        crc: u32_at(b, 44),
+                    })
+                    .filter(|c| c.len > 0),
                 }
             })
             .collect();
@@ -274,8 +296,17 @@ mod tests {
             generation: 7,
             next_region: 2,
             files: vec![
-                SavedFile { stamp: stamp(10) },
-                SavedFile { stamp: stamp(11) },
+                SavedFile {
+                    stamp: stamp(10),
+                    first_page: Some(PageCheck {
+                        len: 4096,
+                        crc: 0xdead_beef,
+                    }),
+                },
+                SavedFile {
+                    stamp: stamp(11),
+                    first_page: None,
+                },
             ],
             entries: vec![
                 SavedEntry {

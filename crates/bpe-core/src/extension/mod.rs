@@ -12,7 +12,7 @@ mod persist;
 pub mod shared;
 mod writer;
 
-pub use checkpoint::regions_for;
+pub use checkpoint::{regions_for, PageCheck};
 pub use index::{page_crc, ExtensionIndex, IndexStore, Location, UNIT};
 
 use crate::config::{EXTENSION_BATCH_BYTES, EXTENSION_FAULT_LIMIT, EXTENSION_STAGING_PAGES};
@@ -70,7 +70,16 @@ pub trait ExtensionHost: Send + Sync {
 /// last verified against, the stamp read before the key (see `persist.rs`).
 #[derive(Default)]
 pub struct Vouched {
-    pub files: Vec<(FileKey, FileStamp)>,
+    pub files: Vec<VouchedFile>,
+}
+
+/// One data file a checkpoint may record.
+#[derive(Clone, Copy, Debug, Hash)]
+pub struct VouchedFile {
+    pub key: FileKey,
+    pub stamp: FileStamp,
+    /// Its first page as RAM holds it (None if RAM does not): adoption compares the file's.
+    pub first_page: Option<checkpoint::PageCheck>,
 }
 
 impl Vouched {

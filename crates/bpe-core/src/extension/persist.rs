@@ -13,11 +13,11 @@
 //! - **Adoption** (`Extension::adopt`): when this process opens a listed file (or at once for a
 //!   file already open), with every write to the file held off. Its pages are indexed under the
 //!   file's current key only if the file is provably as it was: the same identity, a stamp equal
-//!   to the nanosecond (size, mtime, ctime), and its first page matching the copy's checksum
-//!   when the checkpoint has one (SQLite's header: the change counter of every commit). Anything
-//!   else drops the file's pages. Every page is still read back against its checksum.
+//!   to the nanosecond (size, mtime, ctime), and its first page matching the checksum the
+//!   checkpoint recorded of it (SQLite's header: the change counter of every commit); a
+//!   checkpoint without one proves nothing. Anything else drops the file's pages. Every page is still read back against its checksum.
 
-use super::checkpoint::{self, Checkpoint, SavedEntry, SavedFile, MAX_FILES};
+use super::checkpoint::{self, Checkpoint, PageCheck, SavedEntry, SavedFile, MAX_FILES};
 use super::{Extension, IndexStore, Location, REGION_BYTES};
 use crate::counters::Counters;
 use crate::io::{FileIdentity, FileStamp};
@@ -29,6 +29,7 @@ use std::time::Instant;
 /// A checkpoint's pages of one data file, waiting for the file to be opened.
 pub(super) struct RestoredFile {
     stamp: FileStamp,
+    first_page: Option<PageCheck>,
     entries: Vec<SavedEntry>,
 }
 
@@ -127,12 +128,15 @@ impl Extension {
         let current = self.writer_region.load(Relaxed);
         {
             let t = self.tables.read();
-            for &(key, stamp) in &vouched.files {
+            for v in &vouched.files {
                 if files.len() == MAX_FILES {
                     break;
                 }
-                by_key.insert(key, files.len() as u16);
-                files.push(SavedFile { stamp });
+                by_key.insert(v.key, files.len() as u16);
+                files.push(SavedFile {
+                    stamp: v.stamp,
+                    first_page: v.first_page,
+                });
             }
             // Newest region first: if the slot runs out of room, the oldest pages are left out.
             'regions: for back in 0..self.regions {
@@ -159,7 +163,7 @@ impl Extension {
             // Files this process never opened keep what the last checkpoint said of them (a
             // file listed above already, open and waiting for its adoption, is listed once).
             let listed: std::collections::HashSet<FileIdentity> =
-                vouched.files.iter().map(|(_, s)| s.identity).collect();
+                vouched.files.iter().map(|v| v.stamp.identity).collect();
             for r in t.restored.files.values() {
                 if files.len() == MAX_FILES {
                     break;
@@ -168,7 +172,10 @@ impl Extension {
                     continue;
                 }
                 let file = files.len() as u16;
-                files.push(SavedFile { stamp: r.stamp });
+                files.push(SavedFile {
+                    stamp: r.stamp,
+                    first_page: r.first_page,
+                });
                 let room = capacity - entries.len();
                 entries.extend(
                     r.entries
@@ -257,6 +264,7 @@ impl Extension {
             .map(|(f, entries)| {
                 let r = RestoredFile {
                     stamp: f.stamp,
+                    first_page: f.first_page,
                     entries,
                 };
                 (f.stamp.identity, r)
@@ -359,6 +367,16 @@ impl Extension {
         self.waiting_files.load(Relaxed) > 0
     }
 
+    /// The stamp the last checkpoint recorded for a file whose pages wait (fault injection).
+    pub(crate) fn recorded_stamp(&self, file: FileIdentity) -> Option<FileStamp> {
+        self.tables
+            .read()
+            .restored
+            .files
+            .get(&file)
+            .map(|r| r.stamp)
+    }
+
     /// Whether the last checkpoint lists pages of this file that are still waiting.
     pub fn has_restored(&self, file: FileIdentity) -> bool {
         let t = self.tables.read();
@@ -419,17 +437,24 @@ impl Extension {
         if now != Some(rec.stamp) {
             return refuse("the file changed while no bpe process had it open");
         }
-        let header = {
+        // The stamp alone never vouches (a write within a coarse clock tick can leave it as it
+        // was): the first page must read as the copy the checkpoint recorded, from the ring or
+        // from RAM.
+        let ring_copy = {
             let t = self.tables.read();
             rec.entries
                 .iter()
                 .find(|e| e.page == 0 && t.restored.live(e))
-                .copied()
+                .map(|e| PageCheck {
+                    len: e.len() as u32,
+                    crc: e.crc,
+                })
         };
-        if let Some(h) = header {
-            if first_page.crc(h.len()) != Some(h.crc) {
-                return refuse("its first page differs from the cached copy");
-            }
+        let Some(check) = ring_copy.or(rec.first_page) else {
+            return refuse("the checkpoint has no copy of its first page to check it against");
+        };
+        if first_page.crc(check.len as usize) != Some(check.crc) {
+            return refuse("its first page differs from the cached copy");
         }
         // Index memory first (charging may evict from RAM, which offers pages to us). Only the
         // writer's thread grows the index (adoptions run there), so the room charged stays room.

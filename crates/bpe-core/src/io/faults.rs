@@ -9,6 +9,7 @@ pub struct FaultInjector {
     extension_write_errors: AtomicU32,
     extension_corrupt_reads: AtomicU32,
     data_read_errors: AtomicU32,
+    unmoved_stamps: AtomicU32,
 }
 
 fn take(counter: &AtomicU32) -> bool {
@@ -39,6 +40,16 @@ impl FaultInjector {
         self.data_read_errors.store(n, Ordering::Release);
     }
 
+    /// The next `n` adoptions of a restored file find its stamp as the checkpoint recorded it,
+    /// whatever changed: a file system whose clock did not move (coarse timestamps, a file
+    /// server's clock) shows a file written since that way.
+    pub fn unmoved_stamps_at_adoption(&self, n: u32) {
+        self.unmoved_stamps.store(n, Ordering::Release);
+    }
+
+    pub(crate) fn take_unmoved_stamp(&self) -> bool {
+        take(&self.unmoved_stamps)
+    }
     pub(crate) fn take_extension_read_error(&self) -> Option<std::io::Error> {
         take(&self.extension_read_errors).then(injected)
     }

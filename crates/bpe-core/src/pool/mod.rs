@@ -118,6 +118,11 @@ impl BufferPool {
         self.shard(&key).read().frames.contains_key(&key)
     }
 
+    /// The page's frame if resident, no access recorded (for checkpoints).
+    pub fn peek(&self, key: PageKey) -> Option<Arc<Frame>> {
+        self.shard(&key).read().frames.get(&key).cloned()
+    }
+
     /// A loader ticket for readahead: only for pages neither cached nor in flight.
     pub fn try_prefetch(&self, key: PageKey) -> Option<Ticket> {
         let mut shard = self.shard(&key).write();
