@@ -12,6 +12,7 @@ mod change_detect;
 mod charged_file;
 mod file;
 mod peer_log;
+mod scope;
 mod unix_file;
 
 use crate::api;
@@ -51,6 +52,7 @@ fn refuse_open(msg: String) {
 
 /// Registers the VFS; with `make_default`, it also becomes the process's default VFS.
 pub fn register(make_default: bool) -> Result<(), String> {
+    scope::configure_from_env()?;
     let existing = api::vfs_find(Some(c"bpe"));
     if !existing.is_null() {
         if make_default {
@@ -104,7 +106,18 @@ unsafe fn open_inner(
     let unix = unix();
     // SAFETY: unix is the registered VFS we wrap; it implements xOpen.
     let unix_open = unsafe { (*unix).xOpen.expect("unix VFS has xOpen") };
-    let main_db = flags & SQLITE_OPEN_MAIN_DB != 0 && !name.is_null();
+    let path = if name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: name is the full path SQLite passes.
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    // A main database outside BPE_CACHE_PATHS is the unix VFS's file, in place.
+    let main_db = flags & SQLITE_OPEN_MAIN_DB != 0
+        && !name.is_null()
+        && scope::covers(std::path::Path::new(&path));
     let charged = if main_db {
         None
     } else {
@@ -127,14 +140,6 @@ unsafe fn open_inner(
     // SAFETY: real was just opened by the unix VFS.
     let fd = unsafe { unix_file::descriptor(real, unix) };
     let identity = fd.and_then(unix_file::identity_of);
-    let path = if name.is_null() {
-        String::new()
-    } else {
-        // SAFETY: name is the full path SQLite passes.
-        unsafe { CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned()
-    };
     if let Some(id) = identity {
         if crate::process::existing().is_some_and(|e| e.is_extension_file(id)) {
             refuse_open(format!(
