@@ -254,6 +254,16 @@ impl FileRegistry {
             Some(id) => id,
             None => FileIdentity::of_path(req.open_from).map_err(open_err)?,
         };
+        // A closed file's entry under another name (renamed, or its inode reused by a new file
+        // after a delete) is forgotten: descriptors and `DB_ID()` name files by path.
+        if self
+            .by_identity
+            .get(&identity)
+            .is_some_and(|e| e.openers == 0 && e.file.path != req.path)
+        {
+            self.by_identity.remove(&identity);
+            self.retained.retain(|i| *i != identity);
+        }
         if let Some(entry) = self.by_identity.get_mut(&identity) {
             if entry.openers > 0 {
                 entry.openers += 1;

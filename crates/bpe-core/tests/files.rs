@@ -133,3 +133,21 @@ fn one_extension_holds_every_page_size() {
     }
     engine.check_invariants();
 }
+
+/// A closed file reopened under another name (renamed; or a new file on the inode of a deleted
+/// one) is known by its new name: descriptors and `DB_ID()` name files by path.
+#[test]
+fn a_file_reopened_under_another_name_is_known_by_it() {
+    let dir = tempdir();
+    let engine = engine(1 << 20);
+    let old = make_numbered(dir.path(), 1, 8, PAGE);
+    let f = engine.open_file(&old, PAGE).unwrap();
+    assert_eq!(decode(&read(&engine, &f, 3).0), Some((3, 1)));
+    assert!(engine.close_file(&f));
+    let new = dir.path().join("renamed");
+    std::fs::rename(&old, &new).unwrap();
+    let f = engine.open_file(&new, PAGE).unwrap();
+    assert_eq!(decode(&read(&engine, &f, 3).0), Some((3, 1)));
+    let paths: Vec<_> = engine.files().into_iter().map(|i| i.path).collect();
+    assert_eq!(paths, vec![new]);
+}
