@@ -22,6 +22,12 @@ pub fn register(db: *mut sqlite3) -> Result<(), String> {
     for (name, nargs, f) in FUNCTIONS {
         // SAFETY: db is the live connection SQLite handed to the entry point; no app data.
         let rc = unsafe { api::create_function(db, name, nargs, std::ptr::null_mut(), f) };
+        // SQLITE_BUSY: the function is there already and a statement is running: the
+        // connection was equipped by the auto-extension, and this is `SELECT load_extension()`
+        // on it (SQLite refuses to replace a function under a running statement). Keep it.
+        if rc == libsqlite3_sys::SQLITE_BUSY {
+            continue;
+        }
         if rc != 0 {
             return Err(format!("cannot create {name:?} (SQLite error {rc})"));
         }

@@ -120,3 +120,28 @@ SELECT 'cached=' || count(*) FROM bpe_buffer_descriptors;
     );
     assert!(err.contains("BPE_DEFAULT_VFS"), "{err}\n{out}");
 }
+
+/// Hosts that can load only through SQL (sqlite-jdbc, some ORMs) call `load_extension()` on
+/// connections the auto-extension already equipped: the load succeeds and changes nothing.
+#[test]
+fn load_extension_in_sql_on_a_connection_opened_after_the_first_load_succeeds() {
+    let lib = extension_library();
+    let dir = tempdir();
+    let script = format!(
+        r#".load {lib}
+.open file:later.db?vfs=bpe
+SELECT 'loaded=' || (load_extension('{lib}') IS NULL);
+SELECT 'loaded_again=' || (load_extension('{lib}') IS NULL);
+CREATE TABLE t(x);
+INSERT INTO t VALUES (42);
+SELECT 'db_id=' || (db_id() IS NOT NULL);
+SELECT 'sum=' || sum(x) FROM t;
+"#,
+        lib = lib.with_extension("").display(),
+    );
+    let (out, err, ok) = run_shell(dir.path(), &script);
+    assert!(ok && err.is_empty(), "shell failed: {err}\n{out}");
+    for line in ["loaded=1", "loaded_again=1", "db_id=1", "sum=42"] {
+        assert!(out.lines().any(|l| l == line), "no {line} in:\n{out}");
+    }
+}
