@@ -220,6 +220,10 @@ pub struct FileRegistry {
     /// Closed entries, oldest first (may hold identities reopened since: checked when popped).
     retained: VecDeque<FileIdentity>,
     next_id: u32,
+    /// Descriptors of closed files, kept open while this process holds POSIX locks on the
+    /// inode through another connection (see `io/posix_locks.rs`); taken again by a reopen,
+    /// closed once the locks are gone.
+    parked: Vec<(FileIdentity, Arc<DataFile>)>,
 }
 
 /// Where and how to open a file's descriptors.
@@ -270,14 +274,14 @@ impl FileRegistry {
                 return Ok((entry.file.clone(), OpenKind::Shared));
             }
             let file = entry.file.clone();
-            let data = open_data(req, identity, config)?;
+            let data = self.descriptors(req, identity, config)?;
             let stamp = data.stamp()?;
             let known = file.known_stamp();
             let changed = known.is_none_or(|k| k.stamp != stamp);
             if changed {
                 file.set_key(new_key());
             }
-            *file.data.write() = Some(Arc::new(data));
+            *file.data.write() = Some(data);
             file.accept_stamp(stamp);
             let entry = self.by_identity.get_mut(&identity).expect("present");
             entry.openers = 1;
@@ -290,7 +294,7 @@ impl FileRegistry {
                 },
             ));
         }
-        let data = open_data(req, identity, config)?;
+        let data = self.descriptors(req, identity, config)?;
         let stamp = data.stamp()?;
         self.next_id += 1;
         let file = Arc::new(CachedFile {
@@ -300,7 +304,7 @@ impl FileRegistry {
             identity,
             path: req.path.to_path_buf(),
             page_size: AtomicUsize::new(req.page_size),
-            data: RwLock::new(Rank::Leaf, Some(Arc::new(data))),
+            data: RwLock::new(Rank::Leaf, Some(data)),
             known: Mutex::new(Rank::Leaf, Some(KnownStamp::taken_now(stamp))),
             client: Mutex::new(Rank::Leaf, None),
             readahead: SequentialDetector::default(),
@@ -316,7 +320,8 @@ impl FileRegistry {
         Ok((file, OpenKind::New))
     }
 
-    /// Drops one opener (true if it was the last); after the last, closes the descriptors (now, under the registry lock)
+    /// Drops one opener (true if it was the last); after the last, closes the descriptors
+    /// (under the registry lock, or parked while the process holds POSIX locks on the file)
     /// and keeps the entry for a reopen. The known stamp stays what the client last accepted: a
     /// change nobody looked at before the close must still be caught at the reopen.
     pub(crate) fn close(&mut self, handle: &FileHandle) -> bool {
@@ -330,9 +335,12 @@ impl FileRegistry {
         if entry.openers > 0 {
             return false;
         }
-        // The last opener's calls have all returned: nobody else holds the descriptors.
-        let data = handle.data.write().take();
-        drop(data);
+        // The last opener's calls have all returned. Its descriptors are closed (now, or
+        // once the process holds no POSIX lock on the file: closing one would drop them).
+        if let Some(data) = handle.data.write().take() {
+            self.parked.push((handle.identity, data));
+        }
+        self.close_parked();
         self.retained.retain(|i| *i != handle.identity);
         self.retained.push_back(handle.identity);
         while self.retained.len() > MAX_RETAINED_FILES {
@@ -343,6 +351,31 @@ impl FileRegistry {
             self.by_identity.remove(&oldest);
         }
         true
+    }
+
+    /// Closes the parked descriptors of files on which this process holds no POSIX lock now.
+    fn close_parked(&mut self) {
+        self.parked
+            .retain(|(identity, _)| crate::io::posix_locks::held_by_this_process(*identity));
+    }
+
+    /// The file's descriptors: the parked ones if it has some, else newly opened.
+    fn descriptors(
+        &mut self,
+        req: &OpenRequest<'_>,
+        identity: FileIdentity,
+        config: &Config,
+    ) -> Result<Arc<DataFile>> {
+        match self.take_parked(identity) {
+            Some(data) => Ok(data),
+            None => open_data(req, identity, config).map(Arc::new),
+        }
+    }
+
+    /// A parked descriptor pair of the file, if any, for a reopen.
+    fn take_parked(&mut self, identity: FileIdentity) -> Option<Arc<DataFile>> {
+        let at = self.parked.iter().position(|(i, _)| *i == identity)?;
+        Some(self.parked.swap_remove(at).1)
     }
 
     /// The files open now.

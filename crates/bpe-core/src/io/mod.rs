@@ -15,4 +15,5 @@ pub use device::{DataDevice, FaultyExtensionFile, Instrumented};
 pub use emulation::{DeviceCharges, DeviceOp, Emulator};
 pub use faults::FaultInjector;
 pub mod ofd;
+pub mod posix_locks;
 pub mod shared_memory;
