@@ -418,6 +418,11 @@ pub mod channel {
 
     #[cfg(not(feature = "shuttle"))]
     impl<T> Receiver<T> {
+        /// A value already queued, if any.
+        pub fn try_recv(&self) -> Option<T> {
+            self.0.try_recv().ok()
+        }
+
         pub fn recv_timeout(&self, timeout: Duration) -> Result<T, RecvTimeoutError> {
             self.0.recv_timeout(timeout).map_err(|e| match e {
                 crossbeam_channel::RecvTimeoutError::Timeout => RecvTimeoutError::Timeout,
@@ -449,6 +454,11 @@ pub mod channel {
 
     #[cfg(feature = "shuttle")]
     impl<T> Receiver<T> {
+        /// A value already queued, if any.
+        pub fn try_recv(&self) -> Option<T> {
+            self.0.try_recv().ok()
+        }
+
         /// Under Shuttle this never times out: it waits for a value or the other end.
         pub fn recv_timeout(&self, _timeout: Duration) -> Result<T, RecvTimeoutError> {
             self.0.recv().map_err(|_| RecvTimeoutError::Disconnected)

@@ -324,3 +324,34 @@ fn the_writer_checkpoints_before_it_outruns_the_checkpoint_in_force() {
         "{written} checkpoints while the writer crossed five regions"
     );
 }
+
+/// A short-lived process (a cron job, a CLI run) closes right after its reads: the pages still
+/// queued for the extension's writer are written before the last checkpoint, not dropped, so
+/// the next engine finds them all.
+#[test]
+fn a_clean_close_writes_the_pages_still_queued_before_its_checkpoint() {
+    let dir = tempdir();
+    let data = settled_file(dir.path(), "data");
+    let ext = dir.path().join("ext.bpe");
+    let engine = engine(MEMORY);
+    engine.enable_extension(&ext, EXT).unwrap();
+    let f = engine.open_file(&data, PAGE).unwrap();
+    for p in 0..PAGES {
+        assert_eq!(decode(&read(&engine, &f, p).0), Some((p, 0)));
+    }
+    // No wait for the writer: close at once, as a process's exit does.
+    assert!(engine.wait_for_readahead(WAIT));
+    engine.close_extension().unwrap();
+    let c = engine.counters();
+    assert_eq!(c.ext_admissions_dropped, 0);
+    let written = c.ext_page_writes;
+    drop(f);
+    drop(engine);
+
+    let (warm, _f) = restart(&data, &ext);
+    let restored = warm.counters().ext_pages_restored;
+    assert!(
+        written >= PAGES - 10 && restored == written,
+        "{written} of {PAGES} pages written before the close, {restored} restored"
+    );
+}

@@ -148,6 +148,8 @@ pub struct Extension {
     /// Set once when the background writer has stopped.
     writer_done: Arc<Latch>,
     stopping: AtomicBool,
+    /// Set by a clean close: the writer writes what is still queued before it stops.
+    drain_at_close: AtomicBool,
     next_seq: AtomicU64,
     consecutive_faults: AtomicU32,
     failure: Mutex<Option<String>>,
@@ -236,6 +238,7 @@ impl Extension {
             staging: tx,
             writer_done: Arc::new(Latch::default()),
             stopping: AtomicBool::new(false),
+            drain_at_close: AtomicBool::new(false),
             next_seq: AtomicU64::new(1),
             consecutive_faults: AtomicU32::new(0),
             failure: Mutex::new(Rank::Leaf, None),
@@ -736,6 +739,7 @@ impl Extension {
     /// marked (see [`Extension::checkpoint_files`]), and keeps the file, for the next process to start warm
     /// from (the engine closes; the process exits).
     pub fn close(&self, vouched: Vouched, resident: persist::Resident<'_>) {
+        self.drain_at_close.store(true, Relaxed);
         if !self.stop_writer() {
             return; // a writer still running could overwrite what the next process restores
         }

@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 /// How long the writer waits for more pages before writing a partial batch.
 const GATHER: Duration = Duration::from_millis(2);
 const POLL: Duration = Duration::from_millis(50);
+/// How long a clean close may spend writing the pages still queued.
+const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 
 /// Starts the writer (restoring the file's last checkpoint first if `restore`); it sets `done`
 /// when it has stopped.
@@ -106,13 +108,15 @@ impl Writer {
         let mut batch: Vec<Staged> = Vec::new();
         loop {
             if self.ext.stopping.load(Relaxed) {
-                return;
+                return self.drain_at_close(&rx, batch);
             }
             self.between_batches();
             if batch.is_empty() {
                 match rx.recv_timeout(POLL) {
                     Ok(ToWriter::Page(s)) => batch.push(s),
-                    Ok(ToWriter::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                    Ok(ToWriter::Stop) | Err(RecvTimeoutError::Disconnected) => {
+                        return self.drain_at_close(&rx, batch)
+                    }
                     Ok(ToWriter::Chores) | Err(RecvTimeoutError::Timeout) => continue,
                 }
             }
@@ -123,9 +127,31 @@ impl Writer {
                         bytes += s.frame.data.len();
                         batch.push(s);
                     }
-                    Ok(ToWriter::Stop) => return,
+                    Ok(ToWriter::Stop) => return self.drain_at_close(&rx, batch),
                     Ok(ToWriter::Chores) | Err(_) => break,
                 }
+            }
+            self.write_batch(&mut batch);
+        }
+    }
+
+    /// At a clean close (`Extension::close`): writes the pages still queued, for at most
+    /// [`DRAIN_LIMIT`], so that a short-lived process's last pages are there for the next one
+    /// (the checkpoint that follows lists them). Otherwise (OFF, resize, failure) they are
+    /// dropped.
+    fn drain_at_close(&mut self, rx: &Receiver<ToWriter>, mut batch: Vec<Staged>) {
+        if !self.ext.drain_at_close.load(Relaxed) || self.ext.failed.load(Relaxed) {
+            return;
+        }
+        let deadline = Instant::now() + DRAIN_LIMIT;
+        loop {
+            while let Some(message) = rx.try_recv() {
+                if let ToWriter::Page(s) = message {
+                    batch.push(s);
+                }
+            }
+            if batch.is_empty() || Instant::now() >= deadline || self.ext.failed.load(Relaxed) {
+                return;
             }
             self.write_batch(&mut batch);
         }
