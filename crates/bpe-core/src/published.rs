@@ -296,6 +296,12 @@ fn read_from(dir: &Path, pid: i32) -> Option<Sample> {
     Some(sample)
 }
 
+/// Removes the samples of processes that are gone (killed before they could unpublish).
+pub fn remove_leftovers() {
+    // Reading each sample checks its process and removes a leftover.
+    drop(list());
+}
+
 /// The latest samples of every live process of this user that publishes, by pid.
 pub fn list() -> Vec<Sample> {
     list_in(&base())

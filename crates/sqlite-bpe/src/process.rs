@@ -141,23 +141,33 @@ fn start_publisher(engine: &Arc<Engine>, gen: u64) {
     let engine = Arc::downgrade(engine);
     let _ = std::thread::Builder::new()
         .name("bpe-publisher".into())
-        .spawn(move || loop {
-            let Some(e) = engine.upgrade().filter(|_| generation() == gen) else {
-                return;
-            };
-            let sample = published::Sample::now(&e.counters().rows(), e.extension_status().state);
-            drop(e);
-            if let Err(e) = published::publish(&sample) {
-                if e.kind() == std::io::ErrorKind::PermissionDenied {
-                    crate::api::log(
-                        libsqlite3_sys::SQLITE_WARNING,
-                        &format!("bpe: counters not published for sqlite-bpe monitor: {e}"),
-                    );
-                    return;
-                }
-            }
-            std::thread::sleep(PUBLISH_EVERY);
+        .spawn(move || {
+            // What processes of this user that died without an exit (SIGKILL) left in
+            // /dev/shm: their counters and the commit logs nobody maps any more.
+            published::remove_leftovers();
+            crate::vfs::remove_unused_peer_logs();
+            publish_every_second(engine, gen)
         });
+}
+
+fn publish_every_second(engine: std::sync::Weak<Engine>, gen: u64) {
+    loop {
+        let Some(e) = engine.upgrade().filter(|_| generation() == gen) else {
+            return;
+        };
+        let sample = published::Sample::now(&e.counters().rows(), e.extension_status().state);
+        drop(e);
+        if let Err(e) = published::publish(&sample) {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                crate::api::log(
+                    libsqlite3_sys::SQLITE_WARNING,
+                    &format!("bpe: counters not published for sqlite-bpe monitor: {e}"),
+                );
+                return;
+            }
+        }
+        std::thread::sleep(PUBLISH_EVERY);
+    }
 }
 
 /// The engine if this generation has one already.

@@ -39,6 +39,11 @@ pub fn remove_peer_logs_at_exit() {
     peer_log::remove_unused_at_exit();
 }
 
+/// At start: removes this user's commit logs that no process maps (left by killed processes).
+pub fn remove_unused_peer_logs() {
+    peer_log::remove_unused();
+}
+
 /// Why the last `bpe` open on this thread failed, if our side refused it (SQLite only reports
 /// "unable to open database file"). Also sent to sqlite3_log.
 pub fn last_open_error() -> Option<String> {

@@ -71,6 +71,51 @@ pub fn remove_unused_at_exit() {
     }
 }
 
+/// Removes every log of this user that no process maps (nobody holds its flock): what killed
+/// processes left behind. A process about to map one either holds its flock already (kept) or
+/// maps a file removed under it, whose records nobody else reads: its readers forget the whole
+/// file at each commit, as without a log, until it closes the database.
+pub fn remove_unused() {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let prefix = format!("sqlite-bpe-{uid}-");
+    let Ok(entries) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let is_log_name = rest
+            .split_once('-')
+            .is_some_and(|(dev, ino)| dev.parse::<u64>().is_ok() && ino.parse::<u64>().is_ok());
+        if !is_log_name {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(file) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+        else {
+            continue;
+        };
+        let ours = file.metadata().is_ok_and(|m| m.is_file() && m.uid() == uid);
+        if !ours || !flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+            continue;
+        }
+        // Still the file we locked (not one created at the name since).
+        let same = std::fs::symlink_metadata(&path)
+            .ok()
+            .zip(file.metadata().ok())
+            .is_some_and(|(at_path, locked)| at_path.ino() == locked.ino());
+        if same {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
 /// One mapping of a database's log.
 pub struct PeerLog {
     map: *mut u8,
