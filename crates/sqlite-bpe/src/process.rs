@@ -143,9 +143,8 @@ fn start_publisher(engine: &Arc<Engine>, gen: u64) {
         .name("bpe-publisher".into())
         .spawn(move || {
             // What processes of this user that died without an exit (SIGKILL) left in
-            // /dev/shm: their counters and the commit logs nobody maps any more.
+            // /dev/shm: their counters (the VFS sweeps its commit logs itself).
             published::remove_leftovers();
-            crate::vfs::remove_unused_peer_logs();
             publish_every_second(engine, gen)
         });
 }
@@ -267,7 +266,6 @@ extern "C" fn after_fork_child() {
 }
 
 extern "C" fn close_extension_at_exit() {
-    crate::vfs::remove_peer_logs_at_exit();
     let Some(slot) = SLOT.try_lock() else {
         return;
     };

@@ -114,7 +114,14 @@ pub struct WalToken {
     pub change: u32,
     pub max_frame: u32,
     pub backfill: u32,
+    /// The header's other words (version, flags and page size, nPage, the last frame's and
+    /// the header's checksums): SQLite's own readers drop their cache when any byte of the
+    /// header changes, so a change of these that no frame or commit explains forgets the file.
+    pub rest: [u32; 7],
 }
+
+/// Offsets in a header copy of the words `WalToken::rest` holds.
+const REST_WORDS: [usize; 7] = [0, 12, 20, 24, 28, 40, 44];
 
 /// Which of the wal-index locks that change the token a lock call covers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -213,7 +220,10 @@ impl WalView {
                 _ => self.frames = None,
             }
         }
-        if commits > appended || (commits == 0) != (appended == 0) {
+        if commits > appended
+            || (commits == 0) != (appended == 0)
+            || (appended == 0 && token.rest != known.rest)
+        {
             // The change counter moved with no frames to show for it (LiteFS applies a
             // replicated transaction to the database file and bumps iChange so that readers
             // drop their caches), or frames appeared without a commit: another writer changed
@@ -500,8 +510,9 @@ pub unsafe fn wal_token(region0: *const u8) -> Option<WalToken> {
     // SAFETY: offsets are within the 32 KiB region and 4-byte aligned; the mapping is live.
     let word =
         |off: usize| unsafe { (*(region0.add(off) as *const AtomicU32)).load(Ordering::Acquire) };
-    // iChange, mxFrame, salt-1, salt-2 of one copy of the header (each copy is 48 bytes).
-    let copy = |n: usize| [8, 16, 32, 36].map(|off| word(n * 48 + off));
+    // Every word of one copy of the header (48 bytes): iChange at 8, mxFrame at 16, the
+    // salts at 32 and 36.
+    let copy = |n: usize| std::array::from_fn::<u32, 12, _>(|i| word(n * 48 + i * 4));
     for attempt in 0..10_000 {
         if attempt > 100 {
             std::thread::yield_now();
@@ -512,14 +523,15 @@ pub unsafe fn wal_token(region0: *const u8) -> Option<WalToken> {
         }
         let backfill = word(96);
         std::sync::atomic::fence(Ordering::SeqCst);
-        if copy(0) != first || backfill > first[1] {
+        if copy(0) != first || backfill > first[4] {
             continue;
         }
         return Some(WalToken {
-            change: first[0],
-            max_frame: first[1],
-            salts: [first[2], first[3]],
+            change: first[2],
+            max_frame: first[4],
+            salts: [first[8], first[9]],
             backfill,
+            rest: REST_WORDS.map(|off| first[off / 4]),
         });
     }
     None
@@ -537,6 +549,8 @@ mod tests {
         frames: Vec<u32>,
         change: u32,
         backfill: u32,
+        /// The header's database size in pages (one of `WalToken::rest`).
+        n_page: u32,
     }
 
     impl WalIndex {
@@ -546,6 +560,7 @@ mod tests {
                 frames: Vec::new(),
                 change: 7,
                 backfill: 0,
+                n_page: 2,
             }
         }
         fn token(&self) -> WalToken {
@@ -554,6 +569,7 @@ mod tests {
                 change: self.change,
                 max_frame: self.frames.len() as u32,
                 backfill: self.backfill,
+                rest: [0, 0, self.n_page, 0, 0, 0, 0],
             }
         }
         fn commit(&mut self, pages: &[u32]) {
@@ -695,6 +711,27 @@ mod tests {
         assert_eq!(wal.look(&mut view), Forget::File, "a frame, no commit");
     }
 
+    /// A header rewritten by a writer outside SQLite (LiteFS's replica) whose change counter
+    /// did not move (an update lost, or written as it was): SQLite's own readers compare every
+    /// byte of the header, and so do we.
+    #[test]
+    fn any_header_change_that_no_frames_explain_forgets_the_file() {
+        let (mut wal, mut view) = (WalIndex::new(), WalView::default());
+        wal.commit(&[1]);
+        wal.look(&mut view);
+        assert_eq!(wal.look(&mut view), Forget::Nothing);
+        wal.n_page += 1;
+        assert_eq!(wal.look(&mut view), Forget::File);
+        assert_eq!(wal.look(&mut view), Forget::Nothing);
+        wal.commit(&[2]);
+        wal.n_page += 1;
+        assert_eq!(
+            wal.look(&mut view),
+            Forget::Nothing,
+            "a commit's frames explain its header"
+        );
+    }
+
     #[test]
     fn a_restart_is_ours_only_under_our_write_lock() {
         let (mut wal, mut view) = (WalIndex::new(), WalView::default());
@@ -755,6 +792,7 @@ mod tests {
                 change: 1,
                 backfill: backfill.load(SeqCst),
                 max_frame: 1 << 20,
+                rest: [0; 7],
             })
         };
         let done = AtomicBool::new(false);

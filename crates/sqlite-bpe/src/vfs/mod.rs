@@ -34,16 +34,6 @@ thread_local! {
     static LAST_OPEN_ERROR: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
-/// At exit: removes the commit logs (peer_log.rs) no other process uses.
-pub fn remove_peer_logs_at_exit() {
-    peer_log::remove_unused_at_exit();
-}
-
-/// At start: removes this user's commit logs that no process maps (left by killed processes).
-pub fn remove_unused_peer_logs() {
-    peer_log::remove_unused();
-}
-
 /// Why the last `bpe` open on this thread failed, if our side refused it (SQLite only reports
 /// "unable to open database file"). Also sent to sqlite3_log.
 pub fn last_open_error() -> Option<String> {
@@ -58,6 +48,7 @@ fn refuse_open(msg: String) {
 /// Registers the VFS; with `make_default`, it also becomes the process's default VFS.
 pub fn register(make_default: bool) -> Result<(), String> {
     scope::configure_from_env()?;
+    peer_log::tidy_dev_shm();
     let existing = api::vfs_find(Some(c"bpe"));
     if !existing.is_null() {
         if make_default {

@@ -58,8 +58,21 @@ struct Entry {
 /// The logs this process has mapped (path, descriptor), for the exit handler.
 static OPEN: parking_lot::Mutex<Vec<(PathBuf, i32)>> = parking_lot::Mutex::new(Vec::new());
 
+/// Once per process: removes this user's logs that killed processes left (`remove_unused`: a
+/// directory listing and a try-lock per log, at load), and at exit this process's own that no
+/// other process uses.
+pub fn tidy_dev_shm() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        remove_unused();
+        // SAFETY: the handler is extern "C" and never unwinds (it only tries locks and removes
+        // files).
+        unsafe { libc::atexit(remove_unused_at_exit) };
+    });
+}
+
 /// At exit: removes the logs of this process that no other process uses.
-pub fn remove_unused_at_exit() {
+extern "C" fn remove_unused_at_exit() {
     let Some(open) = OPEN.try_lock() else {
         return;
     };
