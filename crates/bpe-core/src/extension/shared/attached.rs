@@ -13,7 +13,10 @@ use crate::io::FileIdentity;
 use crate::page::{FileKey, PageKey};
 use crate::sync::{Rank, RwLock};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
 
 /// Numbers this process's attachments: a read made under one is worth nothing under another
 /// (a later attachment may be to a new segment, whose names start again from the same values).
@@ -21,6 +24,9 @@ static ATTACHMENTS: AtomicU64 = AtomicU64::new(1);
 
 /// Bindings kept at most; past it they are dropped and made again on use.
 const MAX_BINDINGS: usize = 4096;
+
+#[cfg(test)]
+type Hook = Box<dyn FnOnce(&Attached) + Send>;
 
 /// What a read from the data file (or L2) was made under: the page's shared name and write
 /// epoch just before. A page is admitted to a shared extension only with it.
@@ -37,7 +43,14 @@ pub struct Attached {
     /// Local key -> the shared name and the file it names (a slot may be given to another file
     /// later: the identity tells).
     bindings: RwLock<HashMap<FileKey, (SharedFile, FileIdentity)>>,
+    /// Forgets so far, counted under the bindings' lock: a binding made while one ran is not
+    /// recorded (it may name what the forget was to drop), but made again.
+    forgets: AtomicU64,
     id: u64,
+    /// Run once in `bind` between the shared binding and its record (tests: what another
+    /// thread may do there).
+    #[cfg(test)]
+    pub(super) between_bind_and_record: std::sync::Mutex<Option<Hook>>,
 }
 
 impl Attached {
@@ -45,7 +58,10 @@ impl Attached {
         Attached {
             index,
             bindings: RwLock::new(Rank::Leaf, HashMap::new()),
+            forgets: AtomicU64::new(0),
             id: ATTACHMENTS.fetch_add(1, Relaxed),
+            #[cfg(test)]
+            between_bind_and_record: Default::default(),
         }
     }
 
@@ -59,18 +75,35 @@ impl Attached {
     }
 
     /// The shared name of `file`'s pages under its key `key`, bound now if need be.
+    ///
+    /// A forget that runs between the binding and its record finds nothing to forget, and the
+    /// stamp bound may be from before the change that called for it (a truncation): the
+    /// binding is then made again, from a stamp taken after the forget.
     fn bind(&self, file: &FileHandle, key: FileKey) -> Option<SharedFile> {
-        if let Some(f) = self.bound(key) {
-            return Some(f);
+        loop {
+            if let Some(f) = self.bound(key) {
+                return Some(f);
+            }
+            let forgets = self.forgets.load(SeqCst);
+            let stamp = KnownStamp::taken_now(file.stamp_now().ok()?);
+            let shared = self.index.bind(stamp)?;
+            #[cfg(test)]
+            {
+                let hook = self.between_bind_and_record.lock().unwrap().take();
+                if let Some(hook) = hook {
+                    hook(self);
+                }
+            }
+            let mut b = self.bindings.write();
+            if self.forgets.load(SeqCst) != forgets {
+                continue;
+            }
+            if b.len() >= MAX_BINDINGS {
+                b.clear();
+            }
+            b.insert(key, (shared, file.identity()));
+            return Some(shared);
         }
-        let stamp = KnownStamp::taken_now(file.stamp_now().ok()?);
-        let shared = self.index.bind(stamp)?;
-        let mut b = self.bindings.write();
-        if b.len() >= MAX_BINDINGS {
-            b.clear();
-        }
-        b.insert(key, (shared, file.identity()));
-        Some(shared)
     }
 
     /// The name and write epoch to read page `key` of `file` under (before reading it).
@@ -85,6 +118,7 @@ impl Attached {
 
     /// Where the page is cached, if it is (the key followed if another process moved it).
     pub fn locate(&self, key: PageKey) -> Option<SharedHit> {
+        let forgets = self.forgets.load(SeqCst);
         let (shared, id) = *self.bindings.read().get(&key.file)?;
         match self.index.lookup(shared, key.page) {
             Found::Hit(hit) => Some(hit),
@@ -95,7 +129,12 @@ impl Attached {
                     self.bindings.write().remove(&key.file);
                     return None;
                 };
-                self.bindings.write().insert(key.file, (moved, id));
+                let mut b = self.bindings.write();
+                if self.forgets.load(SeqCst) != forgets {
+                    return None; // a forget ran meanwhile: its binding is gone, or moved on
+                }
+                b.insert(key.file, (moved, id));
+                drop(b);
                 match self.index.lookup(moved, key.page) {
                     Found::Hit(hit) => Some(hit),
                     _ => None,
@@ -128,6 +167,7 @@ impl Attached {
     pub fn forget(&self, key: Option<FileKey>) {
         let forgotten: Vec<SharedFile> = {
             let mut b = self.bindings.write();
+            self.forgets.fetch_add(1, SeqCst);
             match key {
                 Some(k) => b.remove(&k).into_iter().map(|b| b.0).collect(),
                 None => b.drain().map(|(_, b)| b.0).collect(),

@@ -1,7 +1,7 @@
 //! What a shared extension's memory holds, where, and the view of it that its lock gives.
 //!
 //! ```text
-//!   header    magic (set last by the creator), geometry, the robust mutex
+//!   header    magic (set last by the creator), geometry, the file's id, the robust mutex
 //!   totals    entry and byte counts, the ring's head, the key counter, recoveries   [locked]
 //!   participants[64]   pid of each attached process                                  [locked]
 //!   files[1024]        (dev, ino) -> current key and the stamp that vouches for it   [locked]
@@ -19,7 +19,7 @@ use crate::io::shared_memory::RobustMutex;
 use std::sync::atomic::AtomicU64;
 
 /// The layout's version and kind; a segment with another value is not ours or not this build's.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"BPESHX01");
+pub const MAGIC: u64 = u64::from_le_bytes(*b"BPESHX02");
 pub const MAX_PARTICIPANTS: usize = 64;
 pub const MAX_FILES: usize = 1024;
 pub const STRIPES: usize = 1 << 14;
@@ -49,6 +49,9 @@ impl Geometry {
 pub struct Header {
     pub magic: AtomicU64,
     pub geometry: Geometry,
+    /// Random, drawn by the creator and written on the extension file too (an extended
+    /// attribute): a segment is that file's only, never another's that got its inode number.
+    pub file_id: u64,
     pub mutex: RobustMutex,
 }
 
@@ -199,6 +202,20 @@ impl<'a> Tables<'a> {
         }
         self.totals.len = 0;
         self.totals.live_bytes = 0;
+    }
+
+    /// After a holder of the lock died (or panicked) mid-change, any table may be half changed:
+    /// a file slot too (a new file's identity with the old one's key, say), which no check can
+    /// tell. So the index is emptied and every file's key voided: keys are never reused, so no
+    /// name handed out before is found again (a lookup under one is told the key moved, a
+    /// binding follows only to a slot that holds its file, an admission under one is refused),
+    /// and every file is bound afresh, in full.
+    pub fn recover(&mut self) {
+        self.clear_index();
+        for f in self.files.iter_mut() {
+            f.key = 0;
+            f.vouched = 0;
+        }
     }
 
     /// The index is sound: every bucket leads to a live entry its probe finds, and the counts

@@ -11,13 +11,19 @@
 //! **The lock.** Every change to the index, and every lookup, holds one robust process-shared
 //! mutex for a few hundred nanoseconds (no I/O under it, bar a liveness probe when a claim
 //! meets a region another process is filling). A holder that dies mid-change leaves the table
-//! half changed; the next locker is told (`EOWNERDEAD`) and empties the index: a cache flush,
-//! which costs hits, never a stale page. L2 is behind an SSD read anyway, so one lock per
+//! half changed; the next locker is told (`EOWNERDEAD`), empties the index and voids every
+//! file's key (a file slot may be half given to another file): a cache flush, which costs hits,
+//! never a stale page. L2 is behind an SSD read anyway, so one lock per
 //! lookup is not what bounds it.
 //!
 //! **Names.** Pages are named by a shared key per data file, handed out from one counter in
 //! the segment and never reused: `(dev, ino)` maps to the file's current key. Forgetting all of
 //! a file is giving it a new key, in O(1), for every process at once.
+//!
+//! **Whose segment.** The segment is named after the extension file's `(dev, ino)`, and carries
+//! a random id its creator also writes on the file (an extended attribute): one found with
+//! nobody attached is kept only if the ids match, so a new file that got a removed one's inode
+//! number never adopts its index.
 //!
 //! **Never a stale page.** A process that has not watched a file (it opens it for the first
 //! time, or its own change detection could not explain a change) binds it with the file's stamp:
@@ -60,6 +66,22 @@ const fn participant_byte(slot: usize) -> u64 {
 }
 /// Held while attaching and detaching.
 const ADMIN_BYTE: u64 = 1 + MAX_PARTICIPANTS as u64;
+
+/// The store a test's forked child dies after (0: none); see [`stored`].
+#[cfg(test)]
+static CRASH_AT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Store `n` of a change made under the lock is done. A test's forked child may die here, as a
+/// SIGKILLed process would: the change half made, the lock held by a dead process.
+#[inline(always)]
+fn stored(n: u32) {
+    #[cfg(test)]
+    if CRASH_AT.load(Ordering::Relaxed) == n {
+        // SAFETY: ends the forked (single-threaded) test child at once, running nothing else.
+        unsafe { libc::_exit(0) };
+    }
+    let _ = n;
+}
 
 /// A data file as the shared index names it now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,7 +176,7 @@ impl Drop for Guard<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             // A change may be half done: leave an empty index rather than a broken one.
-            self.tables.clear_index();
+            self.tables.recover();
         }
         self.index.header().mutex.unlock();
     }
@@ -219,10 +241,15 @@ impl SharedIndex {
             broken: AtomicBool::new(false),
         };
         let header = index.header();
-        let valid = header.magic.load(Ordering::Acquire) == MAGIC && header.geometry == geometry;
+        let mut valid =
+            header.magic.load(Ordering::Acquire) == MAGIC && header.geometry == geometry;
+        // Left by processes that are all gone, and by this very file (not by a removed one whose
+        // inode number this file got): its index is kept (bindings check stamps), its list of
+        // who is attached is not. Processes attached now hold this file: it is theirs.
+        if valid && others == 0 && file_id(&index.locks) != Some(header.file_id) {
+            valid = false;
+        }
         if valid && others == 0 {
-            // Left by processes that are all gone: its index is kept (bindings check stamps),
-            // its list of who is attached is not.
             if let Some(g) = index.lock() {
                 g.tables
                     .participants
@@ -256,16 +283,21 @@ impl SharedIndex {
         let failed = |e: std::io::Error| bad(self.mem.path(), format!("cannot initialize: {e}"));
         self.mem.zero().map_err(failed)?;
         let base = self.mem.base().as_ptr();
+        let id = random_id();
         // SAFETY: the mapping is at least a Header long and page-aligned; nobody else maps it
         // while the admin byte is held and no participant is attached, so the plain writes to
-        // the geometry and the mutex's init race with nothing. The magic, written last with
-        // Release, publishes them.
+        // the geometry, the id and the mutex's init race with nothing. The magic, written last
+        // with Release, publishes them.
         unsafe {
             let header = &mut *(base as *mut Header);
             header.geometry = self.layout.geometry;
+            header.file_id = id;
             header.mutex.init().map_err(failed)?;
             let t = Tables::of(base, &self.layout);
             t.totals.next_key = 1;
+            // Without it (extended attributes unsupported) the segment serves while it is
+            // attached, and the next process that finds it unattached lays it out anew.
+            set_file_id(&self.locks, id);
             header.magic.store(MAGIC, Ordering::Release);
         }
         Ok(())
@@ -309,8 +341,9 @@ impl SharedIndex {
             tables,
         };
         if found == Locked::OwnerDied {
-            // Its holder died mid-change: the table may be half changed. Start it afresh.
-            g.tables.clear_index();
+            // Its holder died mid-change: the tables may be half changed (a file slot too).
+            // Start afresh: no entry, and no file name from before is found again.
+            g.tables.recover();
             g.tables.totals.recoveries += 1;
             log::warn!(
                 "shared buffer pool extension: a process died holding its lock; index emptied"
@@ -402,7 +435,13 @@ impl SharedIndex {
         };
         let key = new_key(t);
         let f = &mut t.files[slot];
-        (f.dev, f.ino, f.key) = (id.dev, id.ino, key);
+        // Separate stores, any of which a process may die after (see `Tables::recover`).
+        f.dev = id.dev;
+        stored(1);
+        f.ino = id.ino;
+        stored(2);
+        f.key = key;
+        stored(3);
         record_stamp(f, stamp);
         Some(SharedFile {
             slot: slot as u32,
@@ -664,10 +703,73 @@ impl SharedIndex {
     }
 }
 
+/// The extension file's attribute naming the segment made for it.
+const FILE_ID_NAME: &std::ffi::CStr = c"user.sqlite-bpe.shared";
+
+/// The id of the segment made for the extension file `file`, if it has one.
+fn file_id(file: &File) -> Option<u64> {
+    use std::os::unix::io::AsRawFd;
+    let mut value = [0u8; 8];
+    // SAFETY: the descriptor is open for the call; name and buffer are valid for their lengths.
+    let n = unsafe {
+        libc::fgetxattr(
+            file.as_raw_fd(),
+            FILE_ID_NAME.as_ptr(),
+            value.as_mut_ptr() as *mut libc::c_void,
+            value.len(),
+        )
+    };
+    (n == value.len() as isize).then(|| u64::from_le_bytes(value))
+}
+
+fn set_file_id(file: &File, id: u64) {
+    use std::os::unix::io::AsRawFd;
+    let value = id.to_le_bytes();
+    // SAFETY: the descriptor is open for the call; name and value are valid for their lengths.
+    let rc = unsafe {
+        libc::fsetxattr(
+            file.as_raw_fd(),
+            FILE_ID_NAME.as_ptr(),
+            value.as_ptr() as *const libc::c_void,
+            value.len(),
+            0,
+        )
+    };
+    if rc != 0 {
+        log::debug!(
+            "shared buffer pool extension: cannot tag its file ({}); its shared memory will \
+             not outlive the processes attached",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// A segment's id: random (the clock and pid if the kernel has no getrandom), never 0.
+fn random_id() -> u64 {
+    let mut value = [0u8; 8];
+    // SAFETY: the buffer is valid for its length.
+    let n = unsafe { libc::getrandom(value.as_mut_ptr() as *mut libc::c_void, value.len(), 0) };
+    let id = if n == value.len() as isize {
+        u64::from_le_bytes(value)
+    } else {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        t ^ (u64::from(std::process::id()) << 32)
+    };
+    id.max(1)
+}
+
 fn record_stamp(f: &mut layout::FileSlot, stamp: KnownStamp) {
     let s = stamp.stamp;
-    (f.size, f.mtime_ns, f.ctime_ns) = (s.size, s.mtime_ns, s.ctime_ns);
+    f.size = s.size;
+    stored(4);
+    f.mtime_ns = s.mtime_ns;
+    stored(5);
+    f.ctime_ns = s.ctime_ns;
+    stored(6);
     f.vouched = u32::from(!stamp.racy);
+    stored(7);
 }
 
 /// A key never used in this segment. Near the end of the key space the index is emptied and

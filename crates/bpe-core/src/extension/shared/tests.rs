@@ -246,9 +246,14 @@ fn a_process_that_dies_holding_the_lock_costs_the_index_not_the_others() {
     let mut status = 0;
     // SAFETY: waits for the child just forked.
     unsafe { libc::waitpid(pid, &mut status, 0) };
-    assert_eq!(a.lookup(f, 1), Found::Miss, "the index was emptied");
     assert_eq!(a.stats().recoveries, 1);
+    assert_eq!(a.stats().pages, 0, "the index was emptied");
+    // Every name from before is void (a slot may have been half bound): bound afresh.
+    assert_eq!(a.lookup(f, 1), Found::Moved);
+    assert_eq!(a.follow(f, FileIdentity { dev: 1, ino: 9 }), None);
+    assert_eq!(admit(&a, a.claim_region().unwrap(), f, 1, a.epoch(f, 1)), 0);
     a.check().unwrap();
+    let f = a.bind(stamp(9, 100, false)).unwrap();
     let c = a.claim_region().unwrap();
     assert_eq!(admit(&a, c, f, 1, a.epoch(f, 1)), 1, "and works on");
 }
@@ -407,4 +412,213 @@ fn a_slot_given_to_another_file_is_never_followed_into_or_invalidated_through() 
         matches!(a.lookup(y, 4), Found::Hit(_)),
         "the other file is untouched"
     );
+}
+
+/// Runs `change` in a forked child that dies, as a SIGKILLed process would, right after store
+/// `at` of a change it makes under the lock (see `stored`): the lock is left held by a dead
+/// process, the change half made. Returns once the child is gone.
+fn die_after_store(at: u32, change: impl FnOnce()) {
+    // SAFETY: the child only makes the change (locked stores, no allocation) and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        CRASH_AT.store(at, Ordering::Relaxed);
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(change));
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(1) }; // store `at` was never reached
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child did not die after store {at}"
+    );
+}
+
+/// A process that has been watching one data file, as `Attached` does: it reads under its
+/// binding, follows a key another process moved on, and binds again from the file's stamp
+/// when its slot no longer holds the file.
+struct Watcher {
+    index: SharedIndex,
+    stamp: KnownStamp,
+    name: Option<SharedFile>,
+}
+
+impl Watcher {
+    fn new(path: &Path, stamp: KnownStamp) -> Watcher {
+        let index = SharedIndex::attach(path, geometry()).unwrap();
+        let name = index.bind(stamp);
+        Watcher { index, stamp, name }
+    }
+
+    fn name(&mut self) -> SharedFile {
+        *self
+            .name
+            .get_or_insert_with(|| self.index.bind(self.stamp).unwrap())
+    }
+
+    /// The crc (the version) of the page served, if one is.
+    fn lookup(&mut self, page: u64) -> Option<u32> {
+        let name = self.name();
+        let found = match self.index.lookup(name, page) {
+            Found::Moved => match self.index.follow(name, self.stamp.stamp.identity) {
+                Some(moved) => {
+                    self.name = Some(moved);
+                    self.index.lookup(moved, page)
+                }
+                None => {
+                    self.name = None;
+                    Found::Miss
+                }
+            },
+            found => found,
+        };
+        match found {
+            Found::Hit(hit) => Some(hit.location.crc),
+            _ => None,
+        }
+    }
+
+    /// Reads the page (at `version`) from the data file and admits it.
+    fn read_and_admit(&mut self, page: u64, version: u32) {
+        let name = self.name();
+        let epoch = self.index.epoch(name, page);
+        let claim = self.index.claim_region().unwrap();
+        let a = Admission {
+            file: name,
+            page,
+            offset: 0,
+            len: 4096,
+            crc: version,
+            epoch,
+        };
+        self.index.publish(claim, &[a]);
+        self.index.seal(claim);
+    }
+
+    /// Writes the page: invalidated before and after, as every write is.
+    fn write(&mut self, page: u64) {
+        let name = self.name();
+        let id = self.stamp.stamp.identity;
+        self.index.invalidate(name, page, id);
+        self.index.invalidate(name, page, id);
+    }
+}
+
+/// Issue 27 (1): a process that dies between the stores that give the oldest file's slot to
+/// another file (once every slot is taken) leaves the slot half bound: the new file's identity
+/// with the old file's key. The recovery empties the index; if it kept that slot, the old file's
+/// watchers would admit its pages again under the key, its writers would find nothing of it to
+/// invalidate (they look the file up by identity), and its old bytes would be served.
+#[test]
+fn a_death_halfway_through_binding_a_slot_never_serves_a_stale_page() {
+    let f = stamp(1, 100, false);
+    for at in 1..=7 {
+        let s = setup();
+        let mut reader = Watcher::new(&s.path, f);
+        let mut writer = Watcher::new(&s.path, f);
+        assert_eq!(reader.name, writer.name, "one key for f");
+        for ino in 2..=layout::MAX_FILES as u64 {
+            writer.index.bind(stamp(ino, 100, false)).unwrap();
+        }
+        // A third process opens file 5000: f's slot (the oldest key) goes to it, and it dies.
+        die_after_store(at, || {
+            writer.index.bind(stamp(5000, 100, false));
+        });
+        // The reader misses (the index was emptied) and admits page 3 again; the writer writes it.
+        assert_eq!(reader.lookup(3), None, "store {at}: the index was emptied");
+        reader.read_and_admit(3, 0);
+        writer.write(3);
+        assert_eq!(
+            reader.lookup(3),
+            None,
+            "store {at}: page 3 was written after its admission: served stale"
+        );
+        assert_eq!(writer.index.stats().recoveries, 1);
+        writer.index.check().unwrap();
+    }
+}
+
+/// Issue 27 (7): a segment is named after its extension file's (dev, ino). Left behind (a clean
+/// exit keeps it, and the file may then be removed by hand), it would be adopted by a new file
+/// given the same inode number: an index of another file's ring, whose entries point at bytes
+/// this file never had. The new file's number is made the old one's here by moving the
+/// segment to the new file's name (ext4 and others do reuse a freed inode's number).
+#[test]
+fn a_segment_left_by_a_removed_file_is_not_adopted_by_one_with_its_inode_number() {
+    let s = setup();
+    let identity = |path: &Path| {
+        let m = std::fs::metadata(path).unwrap();
+        FileIdentity {
+            dev: m.dev(),
+            ino: m.ino(),
+        }
+    };
+    let a = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let f = a.bind(stamp(7, 100, false)).unwrap();
+    let c = a.claim_region().unwrap();
+    admit(&a, c, f, 4, a.epoch(f, 4));
+    assert!(a.detach(true, || panic!("kept: nothing is deleted")));
+    drop(a);
+    let old = memory_path(identity(&s.path)).unwrap();
+    std::fs::remove_file(&s.path).unwrap();
+    std::fs::write(&s.path, b"").unwrap();
+    let new = memory_path(identity(&s.path)).unwrap();
+    std::fs::rename(&old, &new).unwrap();
+    let b = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let fb = b.bind(stamp(7, 100, false)).unwrap();
+    assert_eq!(b.stats().pages, 0, "another file's index is not adopted");
+    assert_eq!(b.lookup(fb, 4), Found::Miss);
+    // This file's own segment, left by a clean exit, still is (warm).
+    let c = b.claim_region().unwrap();
+    admit(&b, c, fb, 5, b.epoch(fb, 5));
+    assert!(b.detach(true, || panic!("kept")));
+    drop(b);
+    let b = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let fb = b.bind(stamp(7, 100, false)).unwrap();
+    assert!(matches!(b.lookup(fb, 5), Found::Hit(_)), "its own: warm");
+}
+
+/// Issue 27 (8): a process binds a data file as it first reads it (its stamp vouched for: the
+/// key other processes cached pages under is kept). If the file is truncated, and the engine
+/// forgets its pages, between that binding and its record, the forget finds nothing bound and
+/// is lost: the binding recorded after it still names the pages it was to forget.
+#[test]
+fn a_forget_while_a_file_is_being_bound_is_not_lost() {
+    use crate::config::Config;
+    use crate::files::{FileRegistry, OpenRequest, RACY_WINDOW};
+    let s = setup();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("data.db");
+    std::fs::write(&db, vec![1u8; 4 * 4096]).unwrap();
+    std::thread::sleep(2 * RACY_WINDOW); // its stamp can vouch
+    let (file, _) = FileRegistry::default()
+        .open(
+            &OpenRequest {
+                path: &db,
+                open_from: &db,
+                expect: None,
+                page_size: 4096,
+            },
+            &Config::default(),
+            &mut || 1,
+        )
+        .unwrap();
+    let stamp = KnownStamp::taken_now(file.stamp_now().unwrap());
+    assert!(!stamp.racy);
+    // Another process has page 1 cached.
+    let other = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let shared = other.bind(stamp).unwrap();
+    let c = other.claim_region().unwrap();
+    assert_eq!(admit(&other, c, shared, 1, other.epoch(shared, 1)), 1);
+    let me = Attached::new(SharedIndex::attach(&s.path, geometry()).unwrap());
+    let key = PageKey::new(file.key(), 1);
+    let truncated = file.clone();
+    *me.between_bind_and_record.lock().unwrap() = Some(Box::new(move |me: &Attached| {
+        truncated.data().unwrap().truncate(4096).unwrap();
+        me.forget(Some(key.file));
+    }));
+    me.read_under(&file, key).unwrap();
+    assert!(me.between_bind_and_record.lock().unwrap().is_none());
+    assert_eq!(me.locate(key), None, "page 1 was forgotten");
 }
