@@ -21,6 +21,24 @@ impl PageKey {
     }
 }
 
+/// A data file as the shared extension's index names it now (see `extension/shared`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedFile {
+    pub slot: u32,
+    pub key: FileKey,
+}
+
+/// What a read from the data file (or L2) was made under: the page's shared name and write
+/// epoch just before. A page is admitted to a shared extension only with it (a frame carries it
+/// from the read to the eviction).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedRead {
+    pub file: SharedFile,
+    pub epoch: u64,
+    /// The attachment it was made under (see `Attached::id`).
+    pub attachment: u64,
+}
+
 /// Hashing for page tables: page keys come from our own files, not from an adversary, so a
 /// multiply-xorshift mix (a few cycles) replaces SipHash (tens of cycles) on the hit path.
 #[derive(Clone, Copy, Default)]

@@ -154,7 +154,10 @@ fn publish_every_second(engine: std::sync::Weak<Engine>, gen: u64) {
         let Some(e) = engine.upgrade().filter(|_| generation() == gen) else {
             return;
         };
-        let sample = published::Sample::now(&e.counters().rows(), e.extension_status().state);
+        let sample = published::Sample::now(
+            &e.counters().rows(),
+            e.extension_status().state.description(),
+        );
         drop(e);
         if let Err(e) = published::publish(&sample) {
             if e.kind() == std::io::ErrorKind::PermissionDenied {

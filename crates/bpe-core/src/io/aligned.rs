@@ -253,6 +253,20 @@ pub fn round_down(n: u64, to: u64) -> u64 {
     n / to * to
 }
 
+/// pread until `buf` is full or end of file; returns the bytes read.
+pub fn read_full(file: &std::fs::File, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match std::os::unix::fs::FileExt::read_at(file, &mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Scratch, LARGE_BYTES};

@@ -7,10 +7,10 @@
 //! as the name to open: the descriptors then lead to the caller's file, whatever the path names
 //! by now. See `files.rs` for when they are opened and closed.
 
-use super::aligned::{round_down, round_up, Scratch};
+use super::aligned::{read_full, round_down, round_up, Scratch};
 use super::device::DataDevice;
 use crate::config::DIRECT_IO_ALIGN;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
@@ -242,18 +242,4 @@ impl DataDevice for DataFile {
         let _serial = self.write_lock.lock();
         self.buffered.write_all_at(data, offset)
     }
-}
-
-/// pread until `buf` is full or end of file; returns the bytes read.
-pub fn read_full(file: &File, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
 }

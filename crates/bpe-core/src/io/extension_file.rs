@@ -9,8 +9,8 @@
 //! It is taken over if it has the size asked for, and replaced by a new file otherwise. Any
 //! other file at the path is refused and left untouched.
 
-use super::data_file::read_full;
-use crate::{Error, Result};
+use super::aligned::read_full;
+use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
@@ -48,7 +48,7 @@ pub fn validate_path(path: &Path, shared: bool) -> Result<()> {
             ),
         ));
     }
-    if crate::published::is_in_namespace(path) {
+    if super::shm_dir::is_in_namespace(path) {
         return Err(bad(
             path,
             "it is sqlite-bpe's own: in /dev/shm, names starting \"sqlite-bpe-\" are the \
@@ -402,7 +402,7 @@ fn lock_request(kind: libc::c_int) -> libc::flock {
 
 /// Removes the shared memory of the shared extension file (dev, ino), if there is one.
 fn remove_shared_memory(dev: u64, ino: u64) {
-    if let Ok(p) = crate::extension::shared::memory_path(super::FileIdentity { dev, ino }) {
+    if let Ok(p) = super::shm_dir::extension_memory_path(super::FileIdentity { dev, ino }) {
         let _ = std::fs::remove_file(p);
     }
 }

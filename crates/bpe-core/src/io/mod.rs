@@ -17,3 +17,4 @@ pub use faults::FaultInjector;
 pub mod ofd;
 pub mod posix_locks;
 pub mod shared_memory;
+pub mod shm_dir;

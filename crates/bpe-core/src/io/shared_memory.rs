@@ -26,12 +26,6 @@ unsafe impl Send for SharedMemory {}
 unsafe impl Sync for SharedMemory {}
 
 impl SharedMemory {
-    /// The path of the shared memory named `name` (in this user's private directory); refused,
-    /// naming the directory and why, if that directory is not this user's alone.
-    pub fn path_of(name: &str) -> std::io::Result<PathBuf> {
-        crate::published::own_directory().map(|d| d.join(name))
-    }
-
     /// Opens (creating if missing) the shared memory at `path`, `len` bytes, and maps it. A file
     /// of another length is made that length, zeroed, if `may_resize` (nobody else uses it), and
     /// refused otherwise. Refused unless it is a regular file of this user's, mode 0600, and
@@ -234,7 +228,8 @@ mod tests {
     /// `open` reserves the whole file first, also one that someone else sized (sparse).
     #[test]
     fn open_reserves_the_memory_of_a_file_sized_by_someone_else() {
-        let Ok(path) = SharedMemory::path_of(&format!("reserve-test-{}", std::process::id()))
+        let Ok(path) = super::super::shm_dir::own_directory()
+            .map(|d| d.join(format!("reserve-test-{}", std::process::id())))
         else {
             return;
         };

@@ -2,8 +2,7 @@
 
 use super::slab::Slot;
 use crate::config::L1_FRAME_OVERHEAD;
-use crate::extension::shared::SharedRead;
-use crate::page::PageKey;
+use crate::page::{PageKey, SharedRead};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 

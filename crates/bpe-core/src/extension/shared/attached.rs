@@ -28,15 +28,7 @@ const MAX_BINDINGS: usize = 4096;
 #[cfg(test)]
 type Hook = Box<dyn FnOnce(&Attached) + Send>;
 
-/// What a read from the data file (or L2) was made under: the page's shared name and write
-/// epoch just before. A page is admitted to a shared extension only with it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SharedRead {
-    pub file: SharedFile,
-    pub epoch: u64,
-    /// The attachment it was made under (see `Attached::id`).
-    pub attachment: u64,
-}
+pub use crate::page::SharedRead;
 
 pub struct Attached {
     pub index: SharedIndex,

@@ -83,12 +83,7 @@ fn stored(n: u32) {
     let _ = n;
 }
 
-/// A data file as the shared index names it now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SharedFile {
-    pub slot: u32,
-    pub key: FileKey,
-}
+pub use crate::page::SharedFile;
 
 /// What a lookup found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,10 +156,7 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
 /// The shared memory of the extension file (dev, ino); refused, naming the directory and why,
 /// if this user's directory for it is not this user's alone.
 pub fn memory_path(identity: FileIdentity) -> std::io::Result<PathBuf> {
-    SharedMemory::path_of(&format!(
-        "extension-{}-{}.shared",
-        identity.dev, identity.ino
-    ))
+    crate::io::shm_dir::extension_memory_path(identity)
 }
 
 struct Guard<'a> {
