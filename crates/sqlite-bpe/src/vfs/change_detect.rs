@@ -189,6 +189,11 @@ impl WalView {
     ///   every frame of the old WAL was backfilled, including frames appended after our last
     ///   look: those are known only if no commit happened since then in the old WAL.
     fn account(&mut self, token: WalToken, pages: FramePages<'_>) -> Forget {
+        if token.rest[0] == 0 {
+            // A wal-index whose header was never written (iVersion 0): the first connection
+            // to open the WAL is about to build it. Nothing to compare; the next look is.
+            return Forget::Nothing;
+        }
         let Some(known) = self.known.replace(token) else {
             self.frames = pages(0, token.max_frame, token.salts).and_then(keepable);
             return Forget::Nothing;
@@ -418,6 +423,21 @@ impl FileWatch {
         }
     }
 
+    /// Looks at the wal-index again within a read transaction (its first read of the file: see
+    /// `vfs::file::Conn::wal_first_read`) and forgets what another process's change put in the
+    /// file meanwhile.
+    pub fn look_wal(
+        &self,
+        engine: &Engine,
+        file: &FileHandle,
+        read_token: impl FnOnce() -> Option<WalToken>,
+        pages: FramePages<'_>,
+    ) {
+        let mut w = self.state.lock();
+        let change = w.wal.look(read_token(), pages);
+        forget(engine, file, change);
+    }
+
     /// One of our connections took (`held` = true) or is about to release the wal-index write
     /// and/or checkpoint lock. Called while the lock is held, so no change of the kind it guards
     /// can slip between the accounting and the flag. Releasing the checkpoint lock accepts the
@@ -569,7 +589,7 @@ mod tests {
                 change: self.change,
                 max_frame: self.frames.len() as u32,
                 backfill: self.backfill,
-                rest: [0, 0, self.n_page, 0, 0, 0, 0],
+                rest: [3_007_000, 0, self.n_page, 0, 0, 0, 0],
             }
         }
         fn commit(&mut self, pages: &[u32]) {
@@ -711,6 +731,28 @@ mod tests {
         assert_eq!(wal.look(&mut view), Forget::File, "a frame, no commit");
     }
 
+    /// A wal-index never written yet (the first connection to the WAL builds it next) is no
+    /// look: what it is built into is compared with what was known before.
+    #[test]
+    fn a_header_never_written_is_not_a_look() {
+        let (mut wal, mut view) = (WalIndex::new(), WalView::default());
+        wal.commit(&[1]);
+        let mut blank = wal.token();
+        blank.rest = [0; 7];
+        blank.change = 0;
+        blank.max_frame = 0;
+        assert_eq!(view.look(Some(blank), &|_, _, _| None), Forget::Nothing);
+        assert_eq!(wal.look(&mut view), Forget::Nothing, "the first look");
+        wal.look(&mut view);
+        assert_eq!(view.look(Some(blank), &|_, _, _| None), Forget::Nothing);
+        wal.commit(&[2]);
+        assert_eq!(
+            wal.look(&mut view),
+            Forget::Nothing,
+            "compared with the last real look"
+        );
+    }
+
     /// A header rewritten by a writer outside SQLite (LiteFS's replica) whose change counter
     /// did not move (an update lost, or written as it was): SQLite's own readers compare every
     /// byte of the header, and so do we.
@@ -792,7 +834,7 @@ mod tests {
                 change: 1,
                 backfill: backfill.load(SeqCst),
                 max_frame: 1 << 20,
-                rest: [0; 7],
+                rest: [3_007_000, 0, 0, 0, 0, 0, 0],
             })
         };
         let done = AtomicBool::new(false);
