@@ -22,7 +22,7 @@
 
 use crate::config::{check_page_size, Config};
 use crate::io::{DataFile, FileIdentity, FileStamp};
-use crate::page::FileKey;
+use crate::page::{FileKey, PageCheck};
 use crate::readahead::SequentialDetector;
 use crate::sync::{Mutex, Rank, RwLock};
 use crate::{Error, Result};
@@ -95,6 +95,9 @@ pub struct CachedFile {
     /// The descriptors, while the file has openers.
     data: RwLock<Option<Arc<DataFile>>>,
     known: Mutex<Option<KnownStamp>>,
+    /// The first page's check as last taken, with the stamp it was taken under (for the
+    /// extension's checkpoints: `Engine::first_page_check`).
+    first_page: Mutex<Option<(FileStamp, PageCheck)>>,
     /// What the engine's client keeps per file (the SQLite adapter's change detection); it
     /// lives as long as this entry, across closes and reopens.
     client: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
@@ -165,6 +168,18 @@ impl CachedFile {
     /// The stamp last accepted as describing the cached pages.
     pub fn known_stamp(&self) -> Option<KnownStamp> {
         *self.known.lock()
+    }
+
+    /// The first page's check last taken under `stamp`, if any.
+    pub(crate) fn first_page_under(&self, stamp: FileStamp) -> Option<PageCheck> {
+        self.first_page
+            .lock()
+            .filter(|(s, _)| *s == stamp)
+            .map(|(_, c)| c)
+    }
+
+    pub(crate) fn keep_first_page(&self, stamp: FileStamp, check: PageCheck) {
+        *self.first_page.lock() = Some((stamp, check));
     }
 
     /// Accepts `stamp` as describing the cached pages (after the caller's own writes, or once
@@ -306,6 +321,7 @@ impl FileRegistry {
             page_size: AtomicUsize::new(req.page_size),
             data: RwLock::new(Rank::Leaf, Some(data)),
             known: Mutex::new(Rank::Leaf, Some(KnownStamp::taken_now(stamp))),
+            first_page: Mutex::new(Rank::Leaf, None),
             client: Mutex::new(Rank::Leaf, None),
             readahead: SequentialDetector::default(),
             extension_readahead: SequentialDetector::default(),

@@ -21,6 +21,13 @@ impl PageKey {
     }
 }
 
+/// A page's length and checksum (`page_crc` of its bytes), to compare a later read with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PageCheck {
+    pub len: u32,
+    pub crc: u32,
+}
+
 /// A data file as the shared extension's index names it now (see `extension/shared`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SharedFile {

@@ -141,6 +141,13 @@ impl Engine {
     /// descriptors close; the cached pages stay for a reopen (which checks first that the file
     /// did not change meanwhile).
     pub fn close_file(&self, file: &FileHandle) -> bool {
+        // The last look at the first page while the file is open, for the extension's
+        // checkpoints (a closed file's header cannot be read then; see `first_page_check`).
+        if self.current_extension().is_some() {
+            if let Some(known) = file.known_stamp().filter(|k| !k.racy) {
+                self.first_page_check(file, known.stamp);
+            }
+        }
         self.files.lock().close(file)
     }
 

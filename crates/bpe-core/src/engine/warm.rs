@@ -8,6 +8,7 @@ use super::{Engine, Via};
 use crate::counters::Counters;
 use crate::extension::{page_crc, Extension, Location, PageCheck, Vouched, VouchedFile};
 use crate::files::{FileHandle, OpenKind};
+use crate::io::FileStamp;
 use crate::page::PageKey;
 use crate::pool::LoadSource;
 use std::sync::atomic::Ordering::Relaxed;
@@ -87,24 +88,50 @@ impl Engine {
             .iter()
             .filter_map(|f| {
                 let known = f.known_stamp().filter(|k| !k.racy)?;
-                // After the stamp, as the key: a frame of the file's page 0 read later than
-                // the stamp can only make adoption refuse (see `persist.rs`).
-                let first_page = self
-                    .pool
-                    .peek(PageKey::new(f.key(), 0))
-                    .filter(|frame| frame.is_current())
-                    .map(|frame| PageCheck {
-                        len: frame.data.len() as u32,
-                        crc: page_crc(0, &frame.data),
-                    });
                 Some(VouchedFile {
                     key: f.key(),
                     stamp: known.stamp,
-                    first_page,
+                    first_page: self.first_page_check(f, known.stamp),
                 })
             })
             .collect();
         Vouched { files }
+    }
+
+    /// The first page's check for a checkpoint that vouches for `file` at `stamp`: from RAM if
+    /// L1 holds it (after the stamp, as the key: a copy newer than the stamp can only make the
+    /// adoption refuse), else as last read under that stamp, else read from the file now if it
+    /// is open and still at that stamp. None: the checkpoint cannot vouch for the file's pages
+    /// (see `persist.rs`: a stamp alone never does). SQLite's own page cache often holds the
+    /// header while L1 does not, so the read is needed; it happens at most once per stamp.
+    pub(crate) fn first_page_check(
+        &self,
+        file: &FileHandle,
+        stamp: FileStamp,
+    ) -> Option<PageCheck> {
+        let resident = self.pool.peek(PageKey::new(file.key(), 0));
+        if let Some(frame) = resident.filter(|frame| frame.is_current()) {
+            return Some(PageCheck {
+                len: frame.data.len() as u32,
+                crc: page_crc(0, &frame.data),
+            });
+        }
+        if let Some(check) = file.first_page_under(stamp) {
+            return Some(check);
+        }
+        file.data()?;
+        let mut buf = vec![0u8; file.page_size()];
+        let read = self.device_read(file, Via(None), 0, &mut buf).ok()?;
+        // The bytes are the file's at `stamp` only if the stamp did not move meanwhile.
+        if read != buf.len() || file.stamp_now().ok()? != stamp {
+            return None;
+        }
+        let check = PageCheck {
+            len: buf.len() as u32,
+            crc: page_crc(0, &buf),
+        };
+        file.keep_first_page(stamp, check);
+        Some(check)
     }
 
     /// Which of `keys` are in L1 now (no access recorded).

@@ -71,12 +71,7 @@ pub struct SavedFile {
     pub first_page: Option<PageCheck>,
 }
 
-/// A page's length and checksum (`page_crc` of its bytes), to compare a later read with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PageCheck {
-    pub len: u32,
-    pub crc: u32,
-}
+pub use crate::page::PageCheck;
 
 /// One cached page: which file (an index into the checkpoint's files), where, and its checksum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
