@@ -159,3 +159,81 @@ print("check", db.execute("PRAGMA integrity_check").fetchone()[0])
     )
     assert "codes [0, 0]" in out, out
     assert f"sum {ROWS * 500}" in out and "check ok" in out, out
+
+
+TWO_LIBRARIES = """
+import sqlite3, apsw, sqlite_bpe
+
+def stdlib():
+    sqlite_bpe.load(sqlite3.connect(":memory:"))
+    return sqlite3.connect("file:{db}?vfs=bpe", uri=True, isolation_level=None)
+
+def with_apsw():
+    sqlite_bpe.load(apsw.Connection(":memory:"))
+    return apsw.Connection("{db}", vfs="bpe")
+
+first, second = {order}
+db = first()
+try:
+    second()
+    print("second load accepted")
+except Exception as e:
+    print("second load refused:", type(e).__name__, e)
+# The first library keeps the extension: its pool still serves its connections.
+db.execute("CREATE TABLE t(x)")
+db.execute("INSERT INTO t VALUES (1)")
+print("first library rows", db.execute("SELECT count(*) FROM t").fetchone()[0])
+print("cached", db.execute("SELECT count(*) FROM bpe_buffer_descriptors").fetchone()[0])
+"""
+
+
+@pytest.mark.parametrize("order", ["(stdlib, with_apsw)", "(with_apsw, stdlib)"])
+def test_a_second_sqlite_library_in_the_process_is_refused_saying_why(tmp_path, order):
+    """The stdlib sqlite3 and apsw are two SQLite libraries (apsw's wheel links its own). The
+    extension lives in the first that loads it (its VFS, functions, and the routines table all its
+    callbacks use); loading it into the second fails at once, saying so (issue 29: the load used
+    to return normally, then every `vfs=bpe` open failed with "no such vfs: bpe")."""
+    pytest.importorskip("apsw")
+    out = run(TWO_LIBRARIES.format(db=f"two-{order[1]}.db", order=order), tmp_path)
+    assert "second load refused:" in out, out
+    assert "already bound to another SQLite library in this process" in out, out
+    assert "load it into one SQLite library per process" in out, out
+    assert "first library rows 1" in out, out
+    assert int(out.split("cached ")[1].split()[0]) > 0, out
+
+
+def test_a_forked_child_re_attaches_to_a_shared_extension_from_the_environment(tmp_path):
+    """docs/SQLITE.md: a forked child's fresh engine enables the extension the environment names
+    again. Shared (BPE_EXTENSION_SHARED=1), the child attaches to the parent's; private, the
+    parent's live file is refused and the child runs without one."""
+    code = """
+import os, sqlite3, sqlite_bpe
+sqlite_bpe.load(sqlite3.connect(":memory:"))
+db = sqlite3.connect("file:f.db?vfs=bpe", uri=True, isolation_level=None)
+print("parent", db.execute("SELECT path, state FROM bpe_extension_configuration").fetchone())
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    mine = sqlite3.connect("file:f.db?vfs=bpe", uri=True, isolation_level=None)
+    row = mine.execute("SELECT path, state FROM bpe_extension_configuration").fetchone()
+    os.write(w, repr(row).encode())
+    os._exit(0)
+os.close(w)
+child = os.read(r, 4096).decode()
+os.waitpid(pid, 0)
+print("child", child)
+"""
+    ext = str(tmp_path / "f.bpe")
+    env = {
+        "BPE_MAX_SERVER_MEMORY_MB": "64",
+        "BPE_EXTENSION_FILE": ext,
+        "BPE_EXTENSION_SIZE": "256 MB",
+    }
+    enabled = f"('{ext}', 5)"
+    shared = run(code, tmp_path, env={**env, "BPE_EXTENSION_SHARED": "1"})
+    assert f"parent {enabled}" in shared, shared
+    assert f"child {enabled}" in shared, shared
+    private = run(code, tmp_path, env=env)
+    assert f"parent {enabled}" in private, private
+    assert f"child {enabled}" not in private and "child (None, " in private, private

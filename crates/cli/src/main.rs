@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use sqlite_bpe_cli::{demo, monitor, shell};
+use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(
@@ -42,19 +43,31 @@ enum Command {
     Monitor(monitor::MonitorArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            // The error and its causes on one line (`{:#}`), never a backtrace: anyhow's Debug
+            // form (what `fn main() -> Result` prints) adds one wherever RUST_BACKTRACE is set.
+            eprintln!("sqlite-bpe: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<ExitCode> {
     // A configuration's process of the benchmarks or the demo (the same command line, run
     // again with the configuration in the environment).
     if let Some(done) = bpe_bench::run_child() {
-        return done;
+        return done.map(|()| ExitCode::SUCCESS);
     }
     match Cli::parse().command {
         Command::Shell { db } => {
             let code = shell::run(&db)?;
-            std::process::exit(code);
+            Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
         }
-        Command::Demo(options) => demo::run(&options),
-        Command::Bench(args) => bpe_bench::run(args),
-        Command::Monitor(args) => monitor::run(&args),
+        Command::Demo(options) => demo::run(&options).map(|()| ExitCode::SUCCESS),
+        Command::Bench(args) => bpe_bench::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Monitor(args) => monitor::run(&args).map(|()| ExitCode::SUCCESS),
     }
 }

@@ -72,17 +72,50 @@ pub fn shown(before: &Sample, now: &Sample) -> Vec<Shown> {
         .collect()
 }
 
-/// The process's command line, for the list and the header.
+/// The process's command line, for the list and the header. A process started through
+/// `/proc/self/exe` (the benchmarks' and the demo's configurations re-run their own program that
+/// way) shows that as its first word, in every process: the executable it names is read instead.
 fn command_of(pid: i32) -> String {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
+    let mut words: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|b| {
             b.split(|&c| c == 0)
                 .filter(|a| !a.is_empty())
                 .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect::<Vec<_>>()
-                .join(" ")
+                .collect()
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if let Some(first) = words.first_mut() {
+        if first.starts_with("/proc/") {
+            if let Some(name) = executable_of(pid) {
+                *first = name;
+            }
+        }
+    }
+    words.join(" ")
+}
+
+/// The process's executable: its path (without the kernel's " (deleted)" once a rebuild replaced
+/// it), or, where the link cannot be read, its name (`comm`).
+fn executable_of(pid: i32) -> Option<String> {
+    if let Ok(path) = std::fs::read_link(format!("/proc/{pid}/exe")) {
+        let path = path.to_string_lossy();
+        return Some(path.strip_suffix(" (deleted)").unwrap_or(&path).to_string());
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// Bytes in MiB (2^20 bytes), the unit of every memory figure the monitor shows: `sp_configure
+/// 'max server memory (MB)'` and `BPE_MAX_SERVER_MEMORY_MB` count megabytes of 2^20 bytes too.
+pub fn mib(bytes: i64) -> f64 {
+    bytes as f64 / 1048576.0
+}
+
+/// The live view's memory gauge label: `used / max MiB`, to one decimal as in the list.
+pub fn memory_label(used: i64, max: i64) -> String {
+    format!("{:.1} / {:.1} MiB", mib(used), mib(max))
 }
 
 fn read_live(pid: i32) -> anyhow::Result<Sample> {
@@ -150,10 +183,10 @@ fn list(json: bool) -> anyhow::Result<()> {
     }
     println!(
         "{:>8}  {:>10}  {:>10}  {:<32}  command",
-        "pid", "memory MB", "max MB", "extension"
+        "pid", "memory MiB", "max MiB", "extension"
     );
     for s in &all {
-        let mb = |n: &str| s.value(n).unwrap_or(0) as f64 / 1048576.0;
+        let mb = |n: &str| mib(s.value(n).unwrap_or(0));
         println!(
             "{:>8}  {:>10.1}  {:>10.1}  {:<32}  {}",
             s.pid,
@@ -292,11 +325,7 @@ fn draw(
         Gauge::default()
             .block(Block::bordered().title("Memory / max server memory"))
             .ratio((used as f64 / max.max(1) as f64).clamp(0.0, 1.0))
-            .label(format!(
-                "{:.0} / {:.0} MB",
-                used as f64 / 1e6,
-                max as f64 / 1e6
-            )),
+            .label(memory_label(used, max)),
         memory,
     );
     let in_use = value("Extension in use as percentage");
@@ -357,6 +386,14 @@ mod tests {
                 .map(|&(n, k, v)| (n.to_string(), k, v))
                 .collect(),
         }
+    }
+
+    #[test]
+    fn memory_is_shown_in_mib_in_the_view_as_in_the_list() {
+        // 16 MiB of max server memory (sp_configure's 16 MB) is 16.0 everywhere, not "17 MB".
+        assert_eq!(memory_label(16 << 20, 16 << 20), "16.0 / 16.0 MiB");
+        assert_eq!(memory_label(3 << 19, 128 << 20), "1.5 / 128.0 MiB");
+        assert_eq!(format!("{:.1}", mib(16 << 20)), "16.0");
     }
 
     #[test]

@@ -147,7 +147,8 @@ fn operator_lines(lines: &[&str]) -> Option<usize> {
 fn flush_sql(sql: &mut String, parts: &mut Vec<Part>) {
     if !is_blank(sql) {
         let sql = rewrite_pragma_query(sql);
-        parts.push(Part::Sql(rewrite_top(&rewrite_dmv_names(&sql))));
+        let sql = rewrite_numeric_casts(&rewrite_dmv_names(&sql));
+        parts.push(Part::Sql(rewrite_top(&sql)));
     }
     sql.clear();
 }
@@ -239,6 +240,90 @@ pub fn rewrite_top(sql: &str) -> String {
     )
 }
 
+/// `CAST(x AS NUMERIC)`, `DECIMAL(p, s)` or `DEC(p)` as `round(CAST(x AS REAL), s)` (`s` is 0
+/// where not given, as in T-SQL). SQLite's NUMERIC cast keeps an integer an integer, so the
+/// seed scripts' `cast(free_space_in_bytes as numeric)/1024` would divide integers (giving 0
+/// where SQL Server gives 0.048828); a REAL divides as T-SQL's decimal does, and the rounding
+/// keeps the scale T-SQL's cast gives. Only the CAST's own type (not an AS inside a subquery of
+/// it), outside strings and comments; other types are left to SQLite.
+pub fn rewrite_numeric_casts(sql: &str) -> String {
+    let all = scan(sql);
+    let code: Vec<usize> = (0..all.len()).filter(|&i| !all[i].is_blank()).collect();
+    let text = |k: usize| all[code[k]].text(sql);
+    let is = |k: usize, what: &str| text(k).eq_ignore_ascii_case(what);
+    // One frame per open parenthesis: for a CAST's, where the CAST starts and, after its AS,
+    // where its type starts (an index into `code`).
+    struct Frame {
+        cast_start: Option<usize>,
+        type_at: Option<usize>,
+    }
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut edits: Vec<(usize, usize, String)> = Vec::new();
+    for k in 0..code.len() {
+        match all[code[k]].kind {
+            PieceKind::Punct('(') => stack.push(Frame {
+                cast_start: (k > 0
+                    && all[code[k - 1]].kind == PieceKind::Word
+                    && is(k - 1, "cast"))
+                .then(|| all[code[k - 1]].start),
+                type_at: None,
+            }),
+            PieceKind::Word if is(k, "as") => {
+                if let Some(top) = stack.last_mut() {
+                    if top.cast_start.is_some() && top.type_at.is_none() {
+                        top.type_at = Some(k + 1);
+                    }
+                }
+            }
+            PieceKind::Punct(')') => {
+                let Some(Frame {
+                    cast_start: Some(cast_start),
+                    type_at: Some(t),
+                }) = stack.pop()
+                else {
+                    continue;
+                };
+                let Some(scale) = decimal_scale(&(t..k).map(text).collect::<Vec<_>>()) else {
+                    continue;
+                };
+                edits.push((cast_start, cast_start, "round(".into()));
+                edits.push((all[code[t]].start, all[code[k]].start, "REAL".into()));
+                edits.push((all[code[k]].end, all[code[k]].end, format!(", {scale})")));
+            }
+            _ => {}
+        }
+    }
+    edits.sort_by_key(|&(start, end, _)| (start, end));
+    let mut out = String::with_capacity(sql.len() + 16 * edits.len());
+    let mut at = 0;
+    for (start, end, with) in edits {
+        out.push_str(&sql[at..start]);
+        out.push_str(&with);
+        at = end;
+    }
+    out.push_str(&sql[at..]);
+    out
+}
+
+/// The scale of a T-SQL exact numeric type written as `words` (`NUMERIC`, `DECIMAL(10, 2)`,
+/// `dec(5)`): `s`, or 0 where not given. None for any other type.
+fn decimal_scale(words: &[&str]) -> Option<u32> {
+    let (name, rest) = words.split_first()?;
+    if !["numeric", "decimal", "dec"]
+        .iter()
+        .any(|t| name.eq_ignore_ascii_case(t))
+    {
+        return None;
+    }
+    let number = |w: &str| w.parse::<u32>().ok().filter(|&n| n <= 38);
+    match rest {
+        [] => Some(0),
+        ["(", p, ")"] => number(p).map(|_| 0),
+        ["(", p, ",", s, ")"] => number(p).and(number(s)),
+        _ => None,
+    }
+}
+
 /// Replaces SQL Server's DMV names (any case) with the adapter's tables, outside strings and
 /// comments.
 pub fn rewrite_dmv_names(sql: &str) -> String {
@@ -307,6 +392,35 @@ mod tests {
             "SELECT 'TOP 5' FROM t;",
         ] {
             assert_eq!(rewrite_top(same), same);
+        }
+    }
+
+    #[test]
+    fn numeric_and_decimal_casts_become_rounded_reals() {
+        assert_eq!(
+            rewrite_numeric_casts("cast(free_space_in_bytes as numeric)/1024 as mb,"),
+            "round(cast(free_space_in_bytes as REAL), 0)/1024 as mb,"
+        );
+        assert_eq!(
+            rewrite_numeric_casts("SELECT CAST(x AS DECIMAL(10, 2)), Cast ( y as dec(5) ) FROM t"),
+            "SELECT round(CAST(x AS REAL), 2), round(Cast ( y as REAL), 0) FROM t"
+        );
+        // Nested, and a subquery's own AS inside the CAST.
+        assert_eq!(
+            rewrite_numeric_casts(
+                "cast(cast(a as numeric(18,4)) + (select b as c from t) as numeric)"
+            ),
+            "round(cast(round(cast(a as REAL), 4) + (select b as c from t) as REAL), 0)"
+        );
+        // Left alone: other types, strings, comments, a CAST with no type, a bad scale.
+        for same in [
+            "SELECT cast(x AS integer), cast(y as real), cast(z as text);",
+            "SELECT 'cast(x as numeric)' -- cast(x as numeric)",
+            "SELECT cast(x as numeric(10, 99));",
+            "SELECT numeric FROM t WHERE cast(x)",
+            "SELECT count(*) AS numeric FROM t",
+        ] {
+            assert_eq!(rewrite_numeric_casts(same), same);
         }
     }
 

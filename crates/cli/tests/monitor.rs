@@ -21,6 +21,11 @@ fn monitor(args: &[&str]) -> std::process::Output {
 }
 
 fn listed(pid: u32) -> bool {
+    entry(pid).is_some()
+}
+
+/// The monitor's list entry of `pid`, if listed.
+fn entry(pid: u32) -> Option<serde_json::Value> {
     let out = monitor(&["--json"]);
     assert!(
         out.status.success(),
@@ -31,13 +36,19 @@ fn listed(pid: u32) -> bool {
     list.as_array()
         .unwrap()
         .iter()
-        .any(|p| p["pid"].as_u64() == Some(pid as u64))
+        .find(|p| p["pid"].as_u64() == Some(pid as u64))
+        .cloned()
 }
 
+/// The shell is started as the benchmarks start their configurations' processes, through
+/// `/proc/self/exe` as its argv[0] (issue 29: they were listed as `/proc/self/exe`): the list
+/// names the executable.
 #[test]
 fn the_monitor_lists_a_live_engine_reads_its_rates_and_forgets_it_when_it_exits() {
+    use std::os::unix::process::CommandExt;
     let dir = tempdir();
     let mut shell = Command::new(env!("CARGO_BIN_EXE_sqlite-bpe"))
+        .arg0("/proc/self/exe")
         .arg("shell")
         .arg(dir.path().join("m.db"))
         .stdin(Stdio::piped())
@@ -62,6 +73,17 @@ fn the_monitor_lists_a_live_engine_reads_its_rates_and_forgets_it_when_it_exits(
         assert!(Instant::now() < deadline, "pid {pid} never listed");
         std::thread::sleep(Duration::from_millis(200));
     }
+    let listed_as = entry(pid).unwrap();
+    let command = listed_as["command"].as_str().unwrap();
+    let exe = std::fs::canonicalize(env!("CARGO_BIN_EXE_sqlite-bpe")).unwrap();
+    assert!(
+        command.starts_with(&format!("{} shell ", exe.display())),
+        "listed as {command:?}"
+    );
+    let table = monitor(&[]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("memory MiB"), "{table}");
+    assert!(!table.contains("/proc/self/exe"), "{table}");
     let out = monitor(&["--pid", &pid.to_string(), "--once", "--json"]);
     assert!(
         out.status.success(),
@@ -100,6 +122,26 @@ fn the_monitor_lists_a_live_engine_reads_its_rates_and_forgets_it_when_it_exits(
         "{}",
         String::from_utf8_lossy(&gone.stderr)
     );
+}
+
+/// Issue 29: a failing command prints its error alone, on one line, even where RUST_BACKTRACE
+/// is set (it used to print anyhow's Debug form: the error and a 20-frame backtrace).
+#[test]
+fn an_error_is_printed_alone_even_with_rust_backtrace_set() {
+    // No process has this pid (above the kernel's pid_max limit of 2^22).
+    let out = Command::new(env!("CARGO_BIN_EXE_sqlite-bpe"))
+        .args(["monitor", "--pid", "2000000000", "--once"])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("sqlite-bpe: process 2000000000 publishes no sqlite-bpe counters"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "more than the error: {stderr}");
+    assert!(!stderr.to_lowercase().contains("backtrace"), "{stderr}");
 }
 
 /// Run by `sh -c` in a private mount namespace: a fresh tmpfs over /dev/shm, in it this user's

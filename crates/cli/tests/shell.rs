@@ -160,6 +160,23 @@ fn dot_commands() {
     assert!(!run.stdout.contains("after quit"), ".quit did not stop");
 }
 
+/// T-SQL's exact numeric casts divide with fractions and round to their scale, as in SQL
+/// Server (SQLite's NUMERIC cast alone keeps integers, so `/` divided integers).
+#[test]
+fn numeric_and_decimal_casts_divide_and_round_as_in_t_sql() {
+    let dir = tempdir();
+    let run = shell(
+        dir.path(),
+        "SELECT cast(50 as numeric)/1024 AS a;\nSELECT CAST(7 AS DECIMAL(10, 2))/2 AS b;\n\
+         SELECT cast(2.345 as decimal(5,1)) AS c;\nSELECT cast(2.5 as numeric) AS d;\n",
+    );
+    assert_eq!(run.stderr, "");
+    assert_eq!(
+        run.stdout,
+        "          a\n-----------\n0.048828125\n  b\n---\n3.5\n  c\n---\n2.3\n  d\n---\n3.0\n"
+    );
+}
+
 #[test]
 fn a_clean_script_exits_zero_and_the_last_batch_runs_without_go() {
     let dir = tempdir();
@@ -211,6 +228,8 @@ select db_name(database_id) databaseName,
        read_microsec,
        is_in_bpool_extension
 from sys.dm_os_buffer_descriptors;
+SELECT 'fractions=' || (count(*) > 0) FROM sys.dm_os_buffer_descriptors
+WHERE cast(free_space_in_bytes as numeric)/1024 <> free_space_in_bytes/1024;
 SELECT 'ids=' || count(DISTINCT database_id) || ',' || (DB_ID() = max(database_id)) FROM sys.dm_os_buffer_descriptors;
 SELECT 'file=' || FILE_NAME(1) || ',' || ifnull(FILE_NAME(2), 'null');
 SELECT 'name_ends=' || (DB_NAME(DB_ID()) LIKE '%test.db') || ',' || ifnull(DB_NAME(999), 'null');
@@ -226,6 +245,13 @@ PRAGMA bpe_extension;
     assert_has(&run.stdout, "ids=1,1", "DB_ID against the descriptors");
     assert_has(&run.stdout, "file=test.db,null", "FILE_NAME");
     assert_has(&run.stdout, "name_ends=1,null", "DB_NAME");
+    // The decoded report's `cast(free_space_in_bytes as numeric)/1024` divides as T-SQL's
+    // decimal does (issue 29: SQLite's NUMERIC cast kept integers, and the division gave 0).
+    assert_has(
+        &run.stdout,
+        "fractions=1",
+        "CAST AS NUMERIC, then a division with a fraction",
+    );
     // TOP 3: exactly three counter names after the previous line.
     // PRAGMA bpe_extension with named columns.
     assert_has(

@@ -9,8 +9,11 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 pub type ScalarFn = unsafe extern "C" fn(*mut sqlite3_context, c_int, *mut *mut sqlite3_value);
 
 extern "C" {
-    fn bpe_shim_set_api(api: *const sqlite3_api_routines);
     fn bpe_shim_has_api() -> c_int;
+    fn bpe_shim_bind(api: *const sqlite3_api_routines) -> *const sqlite3_api_routines;
+    fn bpe_api_libversion(api: *const sqlite3_api_routines) -> *const c_char;
+    fn bpe_api_function(api: *const sqlite3_api_routines) -> *mut c_void;
+    fn bpe_api_malloc(api: *const sqlite3_api_routines, n: c_int) -> *mut c_void;
     fn bpe_vfs_find(name: *const c_char) -> *mut sqlite3_vfs;
     fn bpe_vfs_register(vfs: *mut sqlite3_vfs, make_default: c_int) -> c_int;
     fn bpe_auto_extension(entry: Option<unsafe extern "C" fn()>) -> c_int;
@@ -46,14 +49,74 @@ extern "C" {
     fn bpe_db_filename(db: *mut sqlite3, name: *const c_char) -> *const c_char;
 }
 
-/// Points the shim at a SQLite's routines table.
+/// Points the shim at `api` if it points at no SQLite yet, or at this one already. Otherwise
+/// another SQLite library of this process loaded the extension first: the shim stays bound to
+/// it, and the error says which library is bound and which one asked.
+///
+/// One library per process, because everything registered lives in the library it was
+/// registered with: the `bpe` VFS, the auto-extension, the functions and virtual tables, and
+/// the shim's one routines table, which every callback (a VFS method, a function result) calls
+/// back through.
 ///
 /// # Safety
 /// `api` must be a routines table SQLite handed us (extension entry point or auto-extension) and
 /// stays valid for the life of the process.
-pub unsafe fn set_api(api: *const sqlite3_api_routines) {
-    // SAFETY: forwarded contract.
-    unsafe { bpe_shim_set_api(api) }
+pub unsafe fn bind(api: *const sqlite3_api_routines) -> Result<(), String> {
+    if api.is_null() {
+        return Err("the host passed no SQLite routines table".into());
+    }
+    // SAFETY: a compare-and-swap of the shim's pointer.
+    let bound = unsafe { bpe_shim_bind(api) };
+    if bound == api {
+        return Ok(());
+    }
+    // SAFETY: both are routines tables SQLite handed the extension (the bound one stays valid
+    // for the life of the process).
+    let (first, this) = unsafe { (describe(bound), describe(api)) };
+    Err(format!(
+        "sqlite-bpe is already bound to another SQLite library in this process ({first}); \
+         this one is {this}: load it into one SQLite library per process (its `bpe` VFS, pool \
+         and functions are registered with the first, and this library does not know them)"
+    ))
+}
+
+/// `SQLite 3.40.1 in /usr/lib/x86_64-linux-gnu/libsqlite3.so.0`: the library behind a routines
+/// table, and the file it was loaded from (a shared library, or the program or module that
+/// links SQLite in).
+///
+/// # Safety
+/// `api` must be a routines table SQLite handed us.
+unsafe fn describe(api: *const sqlite3_api_routines) -> String {
+    // SAFETY: forwarded contract; sqlite3_libversion returns a static string.
+    let version = unsafe { CStr::from_ptr(bpe_api_libversion(api)) }.to_string_lossy();
+    // SAFETY: Dl_info is plain data (pointers and integers): all zeroes is a valid value.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads the address and fills `info`.
+    let found = unsafe { libc::dladdr(bpe_api_function(api), &mut info) } != 0;
+    if !found || info.dli_fname.is_null() {
+        return format!("SQLite {version}");
+    }
+    // SAFETY: dladdr's file name is a C string owned by the loader.
+    let file = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy();
+    format!("SQLite {version} in {file}")
+}
+
+/// A copy of `s` in memory from the sqlite3_malloc of the library behind `api`, for an
+/// out-parameter that library will sqlite3_free.
+///
+/// # Safety
+/// `api` must be a routines table SQLite handed us.
+pub unsafe fn sqlite_string_for(api: *const sqlite3_api_routines, s: &str) -> *mut c_char {
+    let bytes = s.as_bytes();
+    // SAFETY: we write len+1 bytes into a block of that size (or return NULL on OOM).
+    unsafe {
+        let p = bpe_api_malloc(api, bytes.len() as c_int + 1) as *mut u8;
+        if !p.is_null() {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len());
+            *p.add(bytes.len()) = 0;
+        }
+        p as *mut c_char
+    }
 }
 
 pub fn has_api() -> bool {

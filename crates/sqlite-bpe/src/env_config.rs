@@ -4,7 +4,7 @@
 //! | variable | meaning |
 //! |---|---|
 //! | `BPE_MAX_SERVER_MEMORY_MB` | max server memory in MB (default 128) |
-//! | `BPE_EXTENSION_FILE`, `BPE_EXTENSION_SIZE` | enable the extension at that absolute path with that size (`4GB`, `512 MB`, ...) |
+//! | `BPE_EXTENSION_FILE`, `BPE_EXTENSION_SIZE` | enable the extension at that absolute path with that size (`4GB`, `512 MB`, ...); a relative path fails the load, as `FILENAME =` fails the statement |
 //! | `BPE_DEFAULT_VFS` | `1` to make `bpe` the process's default VFS when the library loads: a plain file name (no `?vfs=bpe`) is then served by the pool, for hosts and ORMs that cannot pass URIs. Every main database the process opens afterwards goes through the pool (default `0`) |
 //! | `BPE_EXTENSION_CHECKPOINT_MS` | how often the extension checkpoints its index while it (or a database file's stamp) changes, for the next process to start warm from after a crash (default 5000; a clean exit always writes one) |
 //! | `BPE_EXTENSION_SHARED` | `1` to share the extension with the other processes of this user that enable one at the same path with this set: one ring and one index in shared memory for all of them (default `0`: the extension is this process's own; see docs/DESIGN.md) |
@@ -163,6 +163,14 @@ pub fn parse_size(name: &str, value: &str) -> Result<u64, String> {
     bpe_tsql::parse_size(value).map_err(|e| format!("{name}={value:?}: {e}"))
 }
 
+/// `BPE_EXTENSION_FILE`'s path, by the rules `FILENAME =` follows in SQL (absolute, ...): a
+/// path that is wrong in itself fails the load, as in SQL it fails the statement.
+fn extension_path(path: &str) -> Result<PathBuf, String> {
+    bpe_tsql::check_extension_path(path)
+        .map_err(|reason| format!("BPE_EXTENSION_FILE={path:?}: {reason}"))?;
+    Ok(PathBuf::from(path))
+}
+
 impl EnvConfig {
     pub fn from_env() -> Result<EnvConfig, String> {
         let mut config = Config::default();
@@ -197,9 +205,10 @@ impl EnvConfig {
             (None, None) => None,
             (Some(path), Some(size)) => {
                 let bytes = parse_size("BPE_EXTENSION_SIZE", &size)?;
-                check_extension_size(bytes, config.max_memory)
-                    .map_err(|e| format!("BPE_EXTENSION_SIZE={size}: {e}"))?;
-                Some((PathBuf::from(path), bytes))
+                check_extension_size(bytes, config.max_memory).map_err(|e| {
+                    format!("BPE_EXTENSION_SIZE={size}: {}", bpe_tsql::error_message(&e))
+                })?;
+                Some((extension_path(&path)?, bytes))
             }
             _ => return Err("BPE_EXTENSION_FILE and BPE_EXTENSION_SIZE go together".into()),
         };
@@ -257,6 +266,32 @@ mod tests {
                 ..DeviceEmulation::default()
             }))
         );
+    }
+
+    #[test]
+    fn the_extension_path_follows_the_filename_rules_of_sql() {
+        assert_eq!(
+            extension_path("/ssd/x.bpe"),
+            Ok(PathBuf::from("/ssd/x.bpe"))
+        );
+        for (path, reason) in [
+            ("rel.bpe", "must be absolute"),
+            ("./x/rel.bpe", "must be absolute"),
+            ("a\0b", "NUL"),
+        ] {
+            let err = extension_path(path).unwrap_err();
+            assert!(
+                err.starts_with("BPE_EXTENSION_FILE=") && err.contains(reason),
+                "{path:?}: {err}"
+            );
+        }
+        // SQL refuses the same path for the same reason.
+        let sql = bpe_tsql::parse(
+            "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = 'rel.bpe', SIZE = 1 GB)",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(sql.contains("the path must be absolute"), "{sql}");
     }
 
     #[test]

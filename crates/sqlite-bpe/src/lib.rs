@@ -96,17 +96,19 @@ pub unsafe extern "C" fn sqlite3_sqlitebpe_init(
     err: *mut *mut c_char,
     api: *const sqlite3_api_routines,
 ) -> c_int {
-    // SAFETY: api is the host's routines table, valid for the life of the process.
-    unsafe { api::set_api(api) };
     let result = ffi::guard(Err("internal error while loading".into()), "load", || {
+        // SAFETY: api is the host's routines table, valid for the life of the process. A
+        // second SQLite library of the process is refused here, before anything is registered.
+        unsafe { api::bind(api) }?;
         install_process_wide().and_then(|_| install_on(db))
     });
     match result {
         Ok(()) => SQLITE_OK_LOAD_PERMANENTLY,
         Err(msg) => {
-            if !err.is_null() {
-                // SAFETY: SQLite hands us a valid out-pointer and frees what we put there.
-                unsafe { *err = api::sqlite_string(&msg) };
+            if !err.is_null() && !api.is_null() {
+                // SAFETY: SQLite hands us a valid out-pointer and frees what we put there with
+                // its own allocator (that of `api`, which need not be the bound library's).
+                unsafe { *err = api::sqlite_string_for(api, &msg) };
             }
             SQLITE_ERROR
         }
@@ -119,7 +121,7 @@ pub fn register() -> Result<(), String> {
     if !api::has_api() {
         let routines = linked::routines().ok_or("cannot reach the linked SQLite's routines")?;
         // SAFETY: the routines table of the statically linked SQLite lives as long as the program.
-        unsafe { api::set_api(routines) };
+        unsafe { api::bind(routines) }?;
     }
     install_process_wide()
 }

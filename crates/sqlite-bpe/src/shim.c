@@ -10,6 +10,24 @@ SQLITE_EXTENSION_INIT1
 void bpe_shim_set_api(const sqlite3_api_routines *api) { sqlite3_api = api; }
 int bpe_shim_has_api(void) { return sqlite3_api != 0; }
 
+/*
+ * Binds the shim to `api` unless it is bound to another table already (another SQLite library
+ * of the same process loaded us first); returns the table it is bound to afterwards.
+ */
+const sqlite3_api_routines *bpe_shim_bind(const sqlite3_api_routines *api) {
+  const sqlite3_api_routines *expected = 0;
+  if (__atomic_compare_exchange_n(&sqlite3_api, &expected, api, 0, __ATOMIC_SEQ_CST,
+                                  __ATOMIC_SEQ_CST))
+    return api;
+  return expected;
+}
+
+/* Through a routines table other than the bound one: its library's version, a function of it
+ * (to find the file it lives in), and its allocator (for an error message it will free). */
+const char *bpe_api_libversion(const sqlite3_api_routines *api) { return api->libversion(); }
+void *bpe_api_function(const sqlite3_api_routines *api) { return (void *)api->libversion; }
+void *bpe_api_malloc(const sqlite3_api_routines *api, int n) { return api->malloc(n); }
+
 sqlite3_vfs *bpe_vfs_find(const char *name) { return sqlite3_vfs_find(name); }
 int bpe_vfs_register(sqlite3_vfs *vfs, int make_default) { return sqlite3_vfs_register(vfs, make_default); }
 int bpe_auto_extension(void (*entry)(void)) { return sqlite3_auto_extension(entry); }

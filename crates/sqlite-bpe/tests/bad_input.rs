@@ -382,6 +382,74 @@ fn a_failed_load_registers_no_vfs() {
     }
 }
 
+/// Issue 29: the environment follows the rules SQL follows and says so in the same words. A
+/// relative `BPE_EXTENSION_FILE` fails the load (it used to leave the VFS working without an
+/// extension, a warning in sqlite3_log), registering nothing and creating no file; an extension
+/// not larger than max server memory is refused with SQL's `Msg 868` and its sizes in MB (the
+/// environment said "error 868" in bytes).
+#[test]
+fn the_environment_refuses_what_sql_refuses_in_the_same_words() {
+    if sqlite3_shell().is_none() {
+        println!("SKIPPED: no sqlite3 shell (CI installs it)");
+        return;
+    }
+    let lib = extension_library();
+    let lib = lib.with_extension("");
+    let dir = tempdir();
+    let d = dir.path();
+    let load_and_open = format!(".load {}\n.open file:x.db?vfs=bpe\n", lib.display());
+
+    let relative = [
+        ("BPE_EXTENSION_FILE", "rel.bpe"),
+        ("BPE_EXTENSION_SIZE", "1 GB"),
+    ];
+    let (out, err, _) = run_shell_with_env(d, &load_and_open, &relative);
+    let what = format!("stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        err.contains(r#"BPE_EXTENSION_FILE="rel.bpe": the path must be absolute"#),
+        "{what}"
+    );
+    assert!(
+        err.contains("no such vfs: bpe"),
+        "the VFS was registered: {what}"
+    );
+    assert!(
+        !d.join("rel.bpe").exists() && !d.join("x.db").exists(),
+        "{what}"
+    );
+    // SQL, for the same path: the same reason.
+    let sql = format!(
+        ".load {}\nSELECT bpe_exec('{}');\n",
+        lib.display(),
+        extension_on("rel.bpe", "1 GB").replace('\'', "''")
+    );
+    let (_, sql_err, _) = run_shell_with_env(d, &sql, &[]);
+    assert!(sql_err.contains("the path must be absolute"), "{sql_err}");
+
+    let msg_868 =
+        "Msg 868: buffer pool extension size (32 MB) must be larger than max server memory (64 MB)";
+    let ext = d.join("e.bpe").display().to_string();
+    let small = [
+        ("BPE_MAX_SERVER_MEMORY_MB", "64"),
+        ("BPE_EXTENSION_FILE", ext.as_str()),
+        ("BPE_EXTENSION_SIZE", "32MB"),
+    ];
+    let (out, err, _) = run_shell_with_env(d, &load_and_open, &small);
+    assert!(
+        err.contains(&format!("BPE_EXTENSION_SIZE=32MB: {msg_868}")),
+        "stdout:\n{out}\nstderr:\n{err}"
+    );
+    let sql = format!(
+        ".load {}\nSELECT bpe_exec('EXEC sp_configure ''max server memory (MB)'', 64');\n\
+         SELECT bpe_exec('{}');\n",
+        lib.display(),
+        extension_on(&ext, "32 MB").replace('\'', "''")
+    );
+    let (_, sql_err, _) = run_shell_with_env(d, &sql, &[]);
+    assert!(sql_err.contains(msg_868), "{sql_err}");
+    assert!(!d.join("e.bpe").exists());
+}
+
 /// The commit log bpe processes share for the database at `db` (see vfs/peer_log.rs).
 fn peer_log_of(db: &Path) -> PathBuf {
     use std::os::unix::fs::MetadataExt;

@@ -160,6 +160,28 @@ fn position(index: usize, count: usize) -> String {
     }
 }
 
+/// The rules of a `FILENAME` in itself (not empty, no NUL, absolute), also applied to the
+/// adapter's `BPE_EXTENSION_FILE`; the machine's rules (its directory, a file there) are the
+/// core's, when the extension is enabled.
+pub fn check_extension_path(path: &str) -> Result<(), &'static str> {
+    if path.is_empty() {
+        return Err("the path is empty");
+    }
+    if path.contains('\0') {
+        return Err("the path contains a NUL character");
+    }
+    if !Path::new(path).is_absolute() {
+        return Err("the path must be absolute");
+    }
+    Ok(())
+}
+
+/// A core error as the statements word it (error 868 as SQL Server's `Msg 868`, its sizes in
+/// MB or GB), for settings given elsewhere (the adapter's environment) to say the same.
+pub fn error_message(e: &Error) -> String {
+    execution_message(e)
+}
+
 fn execution_message(e: &Error) -> String {
     match e {
         Error::ExtensionNotLargerThanMemory { size, max_memory } => format!(

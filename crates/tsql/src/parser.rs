@@ -3,7 +3,7 @@
 use crate::lex::{self, Kind, Token};
 use crate::size::{parse_size, MB};
 use crate::{excerpt, Statement, StatementError, ADVANCED_OPTION, MAX_MEMORY_OPTION};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 pub(super) fn parse(text: &str) -> Result<Vec<Statement>, StatementError> {
     let tokens = lex::tokens(text)?;
@@ -184,15 +184,7 @@ impl Parser {
             path: path.clone(),
             reason: reason.into(),
         };
-        if path.is_empty() {
-            return Err(bad("the path is empty"));
-        }
-        if path.contains('\0') {
-            return Err(bad("the path contains a NUL character"));
-        }
-        if !Path::new(&path).is_absolute() {
-            return Err(bad("the path must be absolute"));
-        }
+        crate::check_extension_path(&path).map_err(bad)?;
         Ok(PathBuf::from(path))
     }
 

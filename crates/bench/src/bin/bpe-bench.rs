@@ -10,6 +10,14 @@ struct Cli {
     bench: bpe_bench::BenchArgs,
 }
 
-fn main() -> anyhow::Result<()> {
-    bpe_bench::run(Cli::parse().bench)
+fn main() -> std::process::ExitCode {
+    match bpe_bench::run(Cli::parse().bench) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The error and its causes (`{:#}`), without the backtrace anyhow's Debug form adds
+            // wherever RUST_BACKTRACE is set.
+            eprintln!("bpe-bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

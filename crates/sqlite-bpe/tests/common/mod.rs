@@ -55,11 +55,29 @@ pub fn counter(conn: &Connection, name: &str) -> i64 {
 
 /// The release build of the loadable extension, brought up to date once per test binary (a
 /// stale library from before a change would test the old code in the other process).
+///
+/// Under `cargo test --release` the cargo that built this test binary has just built the
+/// library too, from the same sources, into the same directory (`<target>/release/deps`): it is
+/// used as it is. Building it again there with `cargo build --release -p sqlite-bpe` would
+/// resolve the dependencies' features for this package alone, and the files of a package with a
+/// cdylib carry no hash in their names: the build would replace `deps/libsqlite_bpe.rlib`
+/// under the running `cargo test`, whose later steps (the CLI's doctests) would then find the
+/// crates built against the old one unusable ("can't find crate for `bpe_bench`", issue 29).
+/// Under a debug `cargo test` (the README's), the release build is another directory, and is
+/// built here, to `<target>/release/libsqlite_bpe.so`.
 pub fn extension_library() -> PathBuf {
     static BUILT: std::sync::Once = std::sync::Once::new();
     // This test binary is <target dir>/<profile>/deps/<name>: the same target dir, whatever
     // CARGO_TARGET_DIR says (the cargo run below inherits it).
     let exe = std::env::current_exe().unwrap();
+    let deps = exe
+        .parent()
+        .expect("a test binary under <target>/<profile>/deps");
+    if deps.parent().and_then(Path::file_name) == Some("release".as_ref()) {
+        let library = deps.join("libsqlite_bpe.so");
+        assert!(library.exists(), "no {}", library.display());
+        return library;
+    }
     let target = exe
         .ancestors()
         .nth(3)

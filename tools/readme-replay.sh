@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Replays the README's two set-up commands as a newcomer runs them: literally, in a fresh clone
+# of this checkout's HEAD, with CARGO_TARGET_DIR set to a directory of its own (a common setting
+# that once broke the tests' lookup of the library, issue 29). The commands are read from the
+# README's first fenced code block, which must hold exactly the two of them.
+#
+#   tools/readme-replay.sh          the demo command in full; the test command literally with
+#                                   `--no-run` (every test target builds), then literally with
+#                                   `--test shell` (the tests that load the library into the stock
+#                                   sqlite3 shell, and the CLI shell's)
+#   tools/readme-replay.sh --full   both commands exactly as written, the whole test suite
+#
+# Why not the whole suite by default: CI runs the README's test command in full already, in the
+# checkout (.ci/run). What the replay adds is the fresh clone (no target/ left over from earlier
+# builds, such as a library at target/release that hides a wrong lookup) and CARGO_TARGET_DIR;
+# building every test target and running the ones that find and load the library under the
+# fresh target directory covers that, for a few minutes of tests instead of the suite twice.
+# Only arguments are added to the test command; the command itself is the README's, unchanged.
+#
+# KEEP=1 leaves the clone and the target directory (their path is printed).
+set -euo pipefail
+full=0
+case "${1:-}" in
+  "") ;;
+  --full) full=1 ;;
+  *)
+    echo "usage: $0 [--full]" >&2
+    exit 2
+    ;;
+esac
+
+checkout="$(cd "$(dirname "$0")/.." && pwd)"
+work="$(mktemp -d "${TMPDIR:-/tmp}/readme-replay.XXXXXX")"
+if [[ "${KEEP:-0}" == 1 ]]; then
+  echo "readme-replay: keeping $work"
+else
+  trap 'rm -rf "$work"' EXIT
+fi
+
+# The README's first fenced block: exactly two commands, both cargo's.
+commands=()
+while IFS= read -r line; do
+  [[ -n "${line// /}" ]] && commands+=("$line")
+done < <(awk '/^```/ { n++; next } n == 1 { print } n >= 2 { exit }' "$checkout/README.md")
+if ((${#commands[@]} != 2)) || [[ "${commands[0]}" != cargo\ * || "${commands[1]}" != cargo\ * ]]; then
+  echo "readme-replay: README.md's first code block is not two cargo commands:" >&2
+  printf '  %s\n' "${commands[@]}" >&2
+  exit 1
+fi
+demo="${commands[0]}"
+tests="${commands[1]}"
+
+git clone --quiet "$checkout" "$work/clone"
+export CARGO_TARGET_DIR="$work/target"
+cd "$work/clone"
+echo "readme-replay: fresh clone of $(git rev-parse --short HEAD), CARGO_TARGET_DIR=$CARGO_TARGET_DIR"
+
+run() {
+  echo "readme-replay: \$ $*"
+  bash -euo pipefail -c "$*"
+}
+
+run "$demo"
+if ((full)); then
+  run "$tests"
+else
+  run "$tests --no-run"
+  run "$tests --test shell"
+fi
+
+# The README says the test command also builds the loadable extension (in the target directory).
+if [[ ! -f "$CARGO_TARGET_DIR/release/libsqlite_bpe.so" ]]; then
+  echo "readme-replay: the test command built no $CARGO_TARGET_DIR/release/libsqlite_bpe.so" >&2
+  exit 1
+fi
+echo "readme-replay: both README commands ran from a fresh clone"
