@@ -11,11 +11,14 @@
 # and compares the failing test cases. A bpe-only failure that tools/sqlite-suite/
 # expected-failures.txt does not list makes the script exit 1.
 #
-# Usage: tools/sqlite-suite/run.sh [--quick | --full | --files "a.test b.test ..." | --list FILE]
+# Usage: tools/sqlite-suite/run.sh [--quick | --extended | --full | --files "a.test b.test ..." |
+#            --list FILE]
 #            [--sqlite 3.40|3.50] [--jobs N] [--timeout SECONDS] [--children bpe|plain]
 #            [--no-install] [--no-build] [--keep] [--name RUN-NAME]
 #
 #   --quick         the CI subset (tools/sqlite-suite/quick.txt); the default
+#   --extended      CI's second subset (tools/sqlite-suite/extended.txt): the wal*, pager*,
+#                   ioerr* and crash* files beyond --quick that fit CI's time
 #   --full          every test/*.test (less the meta files that run other files)
 #   --files/--list  these test files (names relative to SQLite's test/ directory)
 #   --sqlite 3.50   the testfixture built against the bundled 3.50 amalgamation of
@@ -53,6 +56,7 @@ REUSE_BASELINE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) MODE=quick ;;
+    --extended) MODE=extended ;;
     --full) MODE=full ;;
     --files) MODE=files; FILES="$2"; shift ;;
     --list) MODE=files; FILES="$(grep -v '^\s*#' "$2" | sed 's/#.*//' | xargs)"; shift ;;
@@ -142,7 +146,7 @@ LIB="$REPO/target/release/libsqlite_bpe.so"
 # ---------------------------------------------------------------------------------------------
 # 4. The test files.
 case "$MODE" in
-  quick) FILES=$(grep -v '^\s*#' "$HERE/quick.txt" | sed 's/#.*//' | xargs) ;;
+  quick|extended) FILES=$(grep -v '^\s*#' "$HERE/$MODE.txt" | sed 's/#.*//' | xargs) ;;
   full)
     # permutations.test's "full" set: every test/*.test but the files that run others.
     FILES=$(cd "$TESTDIR" && ls *.test | grep -v -x -F \
