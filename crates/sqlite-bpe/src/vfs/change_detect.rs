@@ -88,6 +88,16 @@ impl Watch {
         self.log.as_ref()
     }
 
+    /// Breaks the rollback-mode readers' chains in the commit log, if the database has one.
+    fn break_peer_chains(&mut self, file: &FileHandle) {
+        if self.log.is_none() && !PeerLog::exists(file.identity()) {
+            return; // no log, so no reader holds a position in one
+        }
+        if let Some(log) = self.log(file) {
+            log.break_chains();
+        }
+    }
+
     /// What the log says changed since our last look, with the counter going from `known` to
     /// `now`; and our position moves to its head.
     fn explain(&mut self, file: &FileHandle, known: u32, now: u32) -> Explained {
@@ -456,6 +466,10 @@ impl FileWatch {
         forget(engine, file, change);
         if lock.write {
             w.wal.writing = held;
+            if held {
+                // A WAL commit may follow, which the rollback-mode log cannot record.
+                w.break_peer_chains(file);
+            }
         }
         if lock.checkpoint {
             w.wal.checkpointing = held;

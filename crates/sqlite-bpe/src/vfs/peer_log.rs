@@ -318,6 +318,20 @@ impl PeerLog {
         unsafe { &*(self.map.add(HEADER + i * 16) as *const Entry) }
     }
 
+    /// Whether a log of this database exists (some bpe process committed in rollback mode).
+    pub fn exists(identity: FileIdentity) -> bool {
+        log_path(identity).exists()
+    }
+
+    /// Ends every reader's chain: a commit is about to happen that the log cannot record (one
+    /// in WAL mode, whose frames reach the database file at a checkpoint without moving the
+    /// header's change counter unless page 1 changed). A rollback-mode reader whose position is
+    /// older then forgets the whole file, instead of taking a later chain of logged commits for
+    /// all that changed.
+    pub fn break_chains(&self) {
+        self.header().epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// The log's identity: a reader's position is only meaningful in the same epoch.
     pub fn epoch(&self) -> u64 {
         self.header().epoch.load(Ordering::Acquire)
