@@ -400,6 +400,9 @@ impl FileWatch {
         stamp: Option<FileStamp>,
     ) {
         let mut w = self.state.lock();
+        // The database is in WAL mode now: commits the rollback-mode log cannot record may have
+        // happened or follow (a plain process's too, which a bpe process may switch back).
+        w.break_peer_chains(file);
         let token = read_token();
         let change = w.wal.look(token, pages);
         let mut invalidate = false;
