@@ -154,8 +154,15 @@ impl CachedFile {
         self.data.read().as_ref().is_some_and(|d| d.is_direct())
     }
 
-    /// The file's stamp now: one fstat, no device round trip.
+    /// The file's stamp now: one fstat, no device round trip. A snapshot has none (its name
+    /// may lead to an unrelated local file, whose stamp must never stand for it).
     pub fn stamp_now(&self) -> Result<FileStamp> {
+        if self.identity.is_snapshot() {
+            return Err(Error::DataIo {
+                path: self.path.clone(),
+                source: std::io::Error::other("a snapshot of another VFS's file has no stamp"),
+            });
+        }
         match self.data() {
             Some(d) => d.stamp(),
             None => FileStamp::of_path(&self.path).map_err(|source| Error::DataIo {
@@ -255,6 +262,60 @@ pub struct OpenRequest<'a> {
 }
 
 impl FileRegistry {
+    /// Opens (or shares) one snapshot of a file only the caller can read (see
+    /// [`FileIdentity::snapshot`]): no descriptors and no stamp, since a snapshot never changes;
+    /// every miss is read through the caller's device. A retained snapshot reopens with its
+    /// pages.
+    pub(crate) fn open_snapshot(
+        &mut self,
+        path: &Path,
+        identity: FileIdentity,
+        page_size: usize,
+        new_key: &mut dyn FnMut() -> FileKey,
+    ) -> Result<(FileHandle, OpenKind)> {
+        check_page_size(page_size)?;
+        assert!(
+            identity.is_snapshot(),
+            "open_snapshot takes a snapshot identity"
+        );
+        if let Some(entry) = self.by_identity.get_mut(&identity) {
+            entry.openers += 1;
+            let kind = match entry.openers {
+                1 => OpenKind::Reopened {
+                    changed: false,
+                    racy: false,
+                },
+                _ => OpenKind::Shared,
+            };
+            let file = entry.file.clone();
+            self.retained.retain(|i| *i != identity);
+            return Ok((file, kind));
+        }
+        self.next_id += 1;
+        let file = Arc::new(CachedFile {
+            id: self.next_id,
+            key: Arc::new(AtomicU32::new(new_key())),
+            key_change: RwLock::new(Rank::FileKey, ()),
+            identity,
+            path: path.to_path_buf(),
+            page_size: AtomicUsize::new(page_size),
+            data: RwLock::new(Rank::Leaf, None),
+            known: Mutex::new(Rank::Leaf, None),
+            first_page: Mutex::new(Rank::Leaf, None),
+            client: Mutex::new(Rank::Leaf, None),
+            readahead: SequentialDetector::default(),
+            extension_readahead: SequentialDetector::default(),
+        });
+        self.by_identity.insert(
+            identity,
+            Entry {
+                file: file.clone(),
+                openers: 1,
+            },
+        );
+        Ok((file, OpenKind::New))
+    }
+
     /// Opens (or shares) a file. `new_key` gives a fresh key (the engine's counter).
     pub(crate) fn open(
         &mut self,

@@ -19,6 +19,8 @@ extern "C" {
     fn bpe_auto_extension(entry: Option<unsafe extern "C" fn()>) -> c_int;
     fn bpe_log(code: c_int, msg: *const c_char);
     fn bpe_malloc(n: c_int) -> *mut c_void;
+    fn bpe_free(p: *mut c_void);
+    fn bpe_uri_parameter(name: *const c_char, param: *const c_char) -> *const c_char;
     fn bpe_libversion_number() -> c_int;
     fn bpe_mutex_alloc(id: c_int) -> *mut c_void;
     fn bpe_mutex_try(m: *mut c_void) -> c_int;
@@ -204,6 +206,36 @@ pub fn sqlite_string(s: &str) -> *mut c_char {
         }
         p as *mut c_char
     }
+}
+
+/// Takes a string SQLite allocated (an out-parameter of a VFS method), freeing it.
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string from sqlite3_malloc, not used after this call.
+pub unsafe fn take_sqlite_string(p: *mut c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: forwarded contract.
+    let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    // SAFETY: p came from sqlite3_malloc and is freed once.
+    unsafe { bpe_free(p as *mut c_void) };
+    Some(s)
+}
+
+/// The value of URI parameter `param` of a file name SQLite passed to xOpen (a database's,
+/// or its journal's or WAL's: SQLite finds the database's parameters from either).
+///
+/// # Safety
+/// `name` is a file name SQLite passed to xOpen, for the duration of that open.
+pub unsafe fn uri_parameter(name: *const c_char, param: &CStr) -> Option<String> {
+    if name.is_null() {
+        return None;
+    }
+    // SAFETY: forwarded contract; param is a C string.
+    let v = unsafe { bpe_uri_parameter(name, param.as_ptr()) };
+    // SAFETY: SQLite returns NULL or a string that lives as long as the file name.
+    (!v.is_null()).then(|| unsafe { CStr::from_ptr(v) }.to_string_lossy().into_owned())
 }
 
 /// A C string of `s`, with any interior NUL cut off there.

@@ -33,6 +33,10 @@ int bpe_vfs_register(sqlite3_vfs *vfs, int make_default) { return sqlite3_vfs_re
 int bpe_auto_extension(void (*entry)(void)) { return sqlite3_auto_extension(entry); }
 void bpe_log(int code, const char *msg) { sqlite3_log(code, "%s", msg); }
 void *bpe_malloc(int n) { return sqlite3_malloc(n); }
+void bpe_free(void *p) { sqlite3_free(p); }
+const char *bpe_uri_parameter(const char *name, const char *param) {
+  return sqlite3_uri_parameter(name, param);
+}
 int bpe_libversion_number(void) { return sqlite3_libversion_number(); }
 sqlite3_mutex *bpe_mutex_alloc(int id) { return sqlite3_mutex_alloc(id); }
 int bpe_mutex_try(sqlite3_mutex *m) { return sqlite3_mutex_try(m); }

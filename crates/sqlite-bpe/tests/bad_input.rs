@@ -520,3 +520,24 @@ fn an_extension_at_our_own_files_in_dev_shm_is_refused_and_leaves_them_as_they_w
     assert!(!mine.join("x.bpe").exists());
     exec(&c, "EXEC sp_configure 'max server memory (MB)', 64");
 }
+
+/// Issue 24: a base VFS that is not registered, or bpe named as its own base, fails the open
+/// with the reason, and creates no file.
+#[test]
+fn a_base_vfs_that_cannot_be_used_fails_the_open_naming_it() {
+    let _ = open_bpe(&tempdir().path().join("boot.db")); // registers bpe
+    let dir = tempdir();
+    let db = dir.path().join("x.db");
+    for (base, why) in [
+        ("nosuchvfs", "the base VFS \"nosuchvfs\" is not registered"),
+        ("bpe", "bpe cannot be its own base VFS"),
+    ] {
+        let uri = format!("file:{}?vfs=bpe&bpe_base={base}", db.display());
+        let opened =
+            Connection::open_with_flags(&uri, flags() | rusqlite::OpenFlags::SQLITE_OPEN_URI);
+        assert!(opened.is_err(), "bpe_base={base} opened");
+        let said = sqlite_bpe::last_open_error().unwrap_or_default();
+        assert!(said.contains(why), "bpe_base={base}: {said:?}");
+        assert!(!db.exists(), "bpe_base={base} created the file");
+    }
+}

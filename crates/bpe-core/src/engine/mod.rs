@@ -27,7 +27,7 @@ use crate::config::{Config, INDEX_BUDGET_DIVISOR};
 use crate::counters::Counters;
 use crate::extension::{Extension, ExtensionHost};
 use crate::files::{FileHandle, FileRegistry, OpenKind, OpenRequest};
-use crate::io::{Emulator, FaultInjector};
+use crate::io::{Emulator, FaultInjector, FileIdentity};
 use crate::page::{FileKey, PageKey};
 use crate::pool::{BufferPool, EvictionSink, Frame};
 use crate::sync::{Mutex, Rank, RwLock};
@@ -135,6 +135,19 @@ impl Engine {
             me.offer_for_adoption(&opened.0, opened.1);
         }
         Ok(opened)
+    }
+
+    /// Opens (or shares, or reopens) one snapshot of a file only the caller can read; see
+    /// `FileRegistry::open_snapshot`. Reads of it must pass the caller's device (`Via`).
+    pub fn open_snapshot(
+        &self,
+        path: &Path,
+        identity: FileIdentity,
+        page_size: usize,
+    ) -> Result<(FileHandle, OpenKind)> {
+        let mut files = self.files.lock();
+        self.renumber_if_keys_run_out(&files);
+        files.open_snapshot(path, identity, page_size, &mut || self.allocate_key())
     }
 
     /// Releases a handle; true if it was the file's last opener. After the last one the

@@ -23,7 +23,26 @@ pub struct FileIdentity {
     pub ino: u64,
 }
 
+/// The high bit of `dev` marks a snapshot's identity: no device number sets it.
+const SNAPSHOT_DEV: u64 = 1 << 63;
+
 impl FileIdentity {
+    /// The identity of one immutable snapshot of a file the engine cannot open itself (a
+    /// database another VFS serves, from object storage): `source` names the file for its
+    /// caller (below 2^63), `version` the snapshot. Two identities are equal exactly when both are.
+    pub fn snapshot(source: u64, version: u64) -> FileIdentity {
+        assert!(source < SNAPSHOT_DEV, "a snapshot source is below 2^63");
+        FileIdentity {
+            dev: SNAPSHOT_DEV | source,
+            ino: version,
+        }
+    }
+
+    /// True for [`FileIdentity::snapshot`]'s identities.
+    pub fn is_snapshot(&self) -> bool {
+        self.dev & SNAPSHOT_DEV != 0
+    }
+
     /// The file `path` leads to now (symbolic and /proc magic links followed).
     pub fn of_path(path: &Path) -> std::io::Result<FileIdentity> {
         let m = std::fs::metadata(path)?;

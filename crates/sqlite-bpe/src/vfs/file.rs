@@ -470,29 +470,35 @@ unsafe extern "C" fn check_reserved_lock(f: *mut sqlite3_file, out: *mut c_int) 
 unsafe extern "C" fn file_control(f: *mut sqlite3_file, op: c_int, arg: *mut c_void) -> c_int {
     method!(f, SQLITE_ERROR, "xFileControl", |_conn, real| {
         if op == SQLITE_FCNTL_PRAGMA {
-            let args = arg as *mut *mut c_char;
-            // SAFETY: for this op, arg is char*[3]: out message, pragma name, value or NULL.
-            let (name, value) = unsafe {
-                let name = CStr::from_ptr(*args.add(1)).to_string_lossy().into_owned();
-                let v = *args.add(2);
-                (
-                    name,
-                    (!v.is_null()).then(|| CStr::from_ptr(v).to_string_lossy().into_owned()),
-                )
-            };
-            if let Some(result) = crate::pragmas::run(&name, value.as_deref()) {
-                let (rc, text) = match result {
-                    Ok(t) => (SQLITE_OK, t),
-                    Err(t) => (SQLITE_ERROR, t),
-                };
-                // SAFETY: SQLite frees *args[0] with sqlite3_free; sqlite_string allocates
-                // with sqlite3_malloc.
-                unsafe { *args = api::sqlite_string(&text) };
+            if let Some(rc) = bpe_pragma(arg) {
                 return rc;
             }
         }
         unix!(real, xFileControl, op, arg)
     })
+}
+
+/// Runs one of bpe's pragmas (`SQLITE_FCNTL_PRAGMA`'s `arg`); None if the pragma is not ours.
+pub(super) fn bpe_pragma(arg: *mut c_void) -> Option<c_int> {
+    let args = arg as *mut *mut c_char;
+    // SAFETY: for this op, arg is char*[3]: out message, pragma name, value or NULL.
+    let (name, value) = unsafe {
+        let name = CStr::from_ptr(*args.add(1)).to_string_lossy().into_owned();
+        let v = *args.add(2);
+        (
+            name,
+            (!v.is_null()).then(|| CStr::from_ptr(v).to_string_lossy().into_owned()),
+        )
+    };
+    let result = crate::pragmas::run(&name, value.as_deref())?;
+    let (rc, text) = match result {
+        Ok(t) => (SQLITE_OK, t),
+        Err(t) => (SQLITE_ERROR, t),
+    };
+    // SAFETY: SQLite frees *args[0] with sqlite3_free; sqlite_string allocates with
+    // sqlite3_malloc.
+    unsafe { *args = api::sqlite_string(&text) };
+    Some(rc)
 }
 
 unsafe extern "C" fn sector_size(f: *mut sqlite3_file) -> c_int {

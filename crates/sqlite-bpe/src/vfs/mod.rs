@@ -8,6 +8,7 @@
 //! file SQLite opens may ever be it (a WAL or a database at the extension's path would be
 //! overwritten by the extension's writer, and the other way round).
 
+mod base_file;
 mod change_detect;
 mod charged_file;
 mod file;
@@ -114,6 +115,20 @@ unsafe fn open_inner(
     let main_db = flags & SQLITE_OPEN_MAIN_DB != 0
         && !name.is_null()
         && scope::covers(std::path::Path::new(&path));
+    // SAFETY: name is SQLite's, for this open.
+    let base = unsafe { base_file::base_for(name, flags) };
+    // SAFETY: unix is a registered VFS; its name is a C string.
+    let unix_name = unsafe { CStr::from_ptr((*unix).zName) }.to_string_lossy();
+    if let Some(base) = base.filter(|b| *b != unix_name) {
+        // SAFETY: forwarded from xOpen.
+        return match unsafe { base_file::open(&base, name, f, flags, out_flags, main_db) } {
+            Ok(()) => SQLITE_OK,
+            Err((rc, why)) => {
+                refuse_open(format!("bpe: cannot open {path}: {why}"));
+                rc
+            }
+        };
+    }
     let charged = if main_db {
         None
     } else {
