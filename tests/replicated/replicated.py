@@ -17,6 +17,20 @@ protocol).
   litestream  Litestream `replicate` of a WAL database to a file:// replica, checkpointing
               beside the readers (the writer runs with wal_autocheckpoint=0, so every checkpoint
               is Litestream's); afterwards `litestream restore` to a new file, read through bpe.
+  litestream-vfs  (only with --engines ...,litestream-vfs, unless LITESTREAM_VFS_IN_DEFAULT_ENGINES)
+              Litestream `replicate` to a file:// replica, read through Litestream's read-replica
+              VFS (the litestream-vfs wheel, loaded into the bpe reader process before bpe): bpe
+              readers on `file:NAME?vfs=bpe&bpe_base=litestream` (--ls-vfs-bpe), controls on plain
+              `?vfs=litestream`, all in the reader process. The VFS lags the writer (each
+              connection polls the replica every second; a new one reads it at open), so each read
+              is checked against every committed state instead: it must be exactly the state its
+              meta row (the write's number, set in the same transaction) names, never older than
+              what that reader (or, for a fresh connection, any earlier read) saw, and no write may
+              stay invisible longer than --ls-vfs-fresh-bound; after the last write every reader
+              must show it within that bound (the time is reported). See StateOracle. No race
+              phase: the rounds do not wait for the replica, so they race it. Litestream's L1-L3
+              compaction is kept out of the run (--ls-vfs-compaction: 0.5.17's own long-lived VFS
+              connections fail these checks once an L1 file appears).
 
 Each setup: one warm-up read, --baseline-rounds rounds with no writes (the pool's figures without
 writes), --rounds rounds with one write transaction (--updates rows) before each round (or every
@@ -28,6 +42,8 @@ trace of the wal-index header each reader saw. Exits 1 on any stale or wrong row
 
   python3 replicated.py --lib target/release/libsqlite_bpe.so --work /tmp/x \
       --litefs ~/go/bin/litefs --litestream venv/bin/litestream [--engines litefs,litestream]
+  python3 replicated.py --lib ... --work /tmp/y --litestream venv/bin/litestream \
+      --engines litestream-vfs [--litestream-vfs .../litestream_vfs/litestream-vfs.so] [--ls-vfs-bpe off]
 """
 
 import argparse
@@ -100,13 +116,13 @@ def cleanup():
 class Reader:
     """The bpe reader process."""
 
-    def __init__(self, lib, logfile, env_extra=None):
+    def __init__(self, lib, logfile, env_extra=None, extra_args=()):
         env = dict(os.environ)
         env.pop("BPE_DEFAULT_VFS", None)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env.update(env_extra or {})
         self.p = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "bpe_reader.py"), lib],
+            [sys.executable, os.path.join(HERE, "bpe_reader.py"), lib, *extra_args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=open(logfile, "ab"),
@@ -120,6 +136,9 @@ class Reader:
         self.p.stdin.write(json.dumps(req) + "\n")
         self.p.stdin.flush()
         line = self.p.stdout.readline()
+        while line and not line.startswith("{"):  # a library's own output on stdout
+            log("bpe reader stdout:", line.rstrip())
+            line = self.p.stdout.readline()
         if not line:
             raise RuntimeError(f"the bpe reader died (exit {self.p.poll()})")
         out = json.loads(line)
@@ -161,12 +180,16 @@ class Writer:
         ids = self.rng.sample(range(1, len(self.oracle) + 1), updates)
         self.c.execute("BEGIN IMMEDIATE")
         self.c.executemany("UPDATE t SET v = ? WHERE id = ?", ((value(i, version), i) for i in ids))
+        self.in_transaction(version)
         self.c.execute("COMMIT")
         for i in ids:
             self.oracle[i - 1] = version
             self.history[i - 1].append(version)
         self.n = version
         return version
+
+    def in_transaction(self, version):
+        """More of write `version`'s transaction (MetaWriter's meta row)."""
 
     def state(self, k):
         """Every row's version after write k."""
@@ -637,13 +660,381 @@ def run_litestream(args, lib):
     log(json.dumps({k: v for k, v in RESULTS[name].items() if k != "trace"}, indent=1))
 
 
+# ---------------------------------------------------------------- Litestream VFS (read replica)
+
+# The engines run when --engines is not given. True adds litestream-vfs to them (and so to run.sh's
+# and CI's default run): flip it once bpe over a named base VFS (bpe_base=litestream) has landed.
+LITESTREAM_VFS_IN_DEFAULT_ENGINES = False
+DEFAULT_ENGINES = "litefs,litestream" + (",litestream-vfs" if LITESTREAM_VFS_IN_DEFAULT_ENGINES else "")
+# What the litestream-vfs engine's subject readers read through (--ls-vfs-bpe): "on" vfs=bpe over
+# the Litestream VFS (bpe_base=litestream), "off" plain vfs=litestream (the harness alone, checking
+# the engine), "auto" "on" when the library knows bpe_base (the string is in it), else "off".
+LITESTREAM_VFS_BPE_ARM = "auto"
+LITESTREAM_VFS_VERSION = "0.5.17"  # run.sh pins the same
+
+
+class MetaWriter(Writer):
+    """The Writer with a meta row (k = 1) holding the number of the last write, set in that write's
+    own transaction: a read of it in the reader's read transaction names the one committed state
+    the reader's rows must equal."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.c.execute("CREATE TABLE meta(k INTEGER PRIMARY KEY, round INTEGER NOT NULL)")
+        self.c.execute("INSERT INTO meta VALUES (1, 0)")
+        self.commit_times = [time.monotonic()]  # write k returned from COMMIT at commit_times[k]
+
+    def in_transaction(self, version):
+        self.c.execute("UPDATE meta SET round = ? WHERE k = 1", (version,))
+
+    def write(self, updates):
+        version = super().write(updates)
+        self.commit_times.append(time.monotonic())
+        return version
+
+
+class StateOracle:
+    """The litestream-vfs engine's checks. The Litestream VFS lags the writer (its connections poll
+    the replica, each on its own; a new connection reads the replica's list at open), so a read
+    need not be the writer's latest state. Each read must instead be:
+      one committed state   every row as after write m, m the meta row read in the same read
+                            transaction (rows of another state than m, a mix of states, bytes the
+                            writer never made, a meta row newer than the writer: torn);
+      never backwards       m no older than what the same reader saw before (a long-lived
+                            connection; the series of fresh connections of each kind);
+      fresh at open         a fresh connection's m no older than the newest state any read
+                            completed before it opened (the replica had published it);
+      lagging within bound  write m + 1, if any, committed no more than `bound` seconds before
+                            the read started.
+    Reports each reader's lag: writes not yet visible, and how long the oldest of them had been
+    committed when the read started ("invisible_s")."""
+
+    def __init__(self, writer, bound):
+        self.w = writer
+        self.bound = bound
+        self.last = {}  # reader -> newest state it saw
+        self.newest_done = 0  # newest state a completed read saw
+        self.stats = {}
+        self.cache = {}
+
+    def state(self, k):
+        if k not in self.cache:
+            if len(self.cache) > 64:
+                self.cache.clear()
+            self.cache[k] = self.w.state(k)
+        return self.cache[k]
+
+    def check(self, who, scan, fresh):
+        """(problems, expected state or None) of one read; updates the reader's figures."""
+        st = self.stats.setdefault(
+            who,
+            {"reads": 0, "bad_reads": 0, "torn": 0, "backwards": 0, "stale_at_open": 0,
+             "states_seen": set(), "lag_writes_max": 0, "lag_writes_sum": 0,
+             "invisible_s_max": 0.0, "invisible_s_sum": 0.0, "txid_none": 0, "txids": set(), "ms_sum": 0.0},
+        )
+        st["reads"] += 1
+        st["ms_sum"] += scan["ms"]
+        if scan.get("txid") is None:
+            st["txid_none"] += 1
+        else:
+            st["txids"].add(scan["txid"])
+        n, m, versions = self.w.n, scan["meta"], scan["versions"]
+        problems, want = [], None
+        if not scan["ids_ok"] or len(versions) != len(self.w.oracle) or -1 in versions:
+            st["torn"] += 1
+            problems.append(f"rows missing or bytes the writer never made ({versions.count(-1)} such rows)")
+        elif not isinstance(m, int) or not 0 <= m <= n:
+            st["torn"] += 1
+            problems.append(f"meta row {m!r}, {n} writes committed")
+        else:
+            want = self.state(m)
+            if versions != want:
+                st["torn"] += 1
+                k = max(versions)
+                if k <= n and versions == self.state(k):
+                    problems.append(f"the rows are committed state {k}, the meta row says {m}")
+                else:
+                    bad = [(i + 1, a, b) for i, (a, b) in enumerate(zip(want, versions)) if a != b]
+                    problems.append(f"no committed state: {len(bad)} rows differ from state {m} (the meta row's); "
+                                    f"(id, state {m}, served) {bad[:5]}")
+            else:
+                if m < self.last.get(who, 0):
+                    st["backwards"] += 1
+                    problems.append(f"state {m} after state {self.last[who]} (backwards)")
+                    want = self.state(self.last[who])
+                if fresh and m < self.newest_done:
+                    st["stale_at_open"] += 1
+                    problems.append(f"a fresh connection at state {m}; state {self.newest_done} was seen before it opened")
+                    want = self.state(self.newest_done)
+                self.last[who] = max(m, self.last.get(who, 0))
+                self.newest_done = max(self.newest_done, m)
+                st["states_seen"].add(m)
+                st["lag_writes_max"] = max(st["lag_writes_max"], n - m)
+                st["lag_writes_sum"] += n - m
+                if m < n:
+                    inv = scan["t0"] - self.w.commit_times[m + 1]
+                    st["invisible_s_max"] = max(st["invisible_s_max"], inv)
+                    st["invisible_s_sum"] += inv
+                    if inv > self.bound:
+                        st["lagging"] = st.get("lagging", 0) + 1
+                        problems.append(f"state {m}: write {m + 1} was committed {inv:.1f} s before the read "
+                                        f"(bound {self.bound} s)")
+                        want = self.state(n)
+        if problems:
+            st["bad_reads"] += 1
+        return problems, want
+
+    def summary(self):
+        out = {}
+        for who, st in self.stats.items():
+            r = st["reads"] or 1
+            out[who] = {
+                "reads": st["reads"],
+                "bad_reads": st["bad_reads"],
+                "torn_reads": st["torn"],
+                "backwards_reads": st["backwards"],
+                "stale_at_open_reads": st["stale_at_open"],
+                "lagging_reads": st.get("lagging", 0),
+                "distinct_states_seen": len(st["states_seen"]),
+                "lag_writes_max": st["lag_writes_max"],
+                "lag_writes_mean": round(st["lag_writes_sum"] / r, 2),
+                "invisible_s_max": round(st["invisible_s_max"], 3),
+                "invisible_s_mean": round(st["invisible_s_sum"] / r, 3),
+                "ms_per_read": round(st["ms_sum"] / r, 2),
+                "txid_pragma_answered": st["reads"] - st["txid_none"],
+                "distinct_txids": len(st["txids"]),
+            }
+        return out
+
+
+def find_litestream_vfs(args):
+    """The Litestream VFS library: --litestream-vfs, else the litestream_vfs package of the venv
+    beside --litestream (run.sh's)."""
+    if args.litestream_vfs:
+        return os.path.abspath(args.litestream_vfs)
+    import shutil
+
+    ls = shutil.which(args.litestream) or args.litestream
+    py = os.path.join(os.path.dirname(os.path.abspath(ls)), "python")
+    if os.path.exists(py):
+        r = subprocess.run(
+            [py, "-c", "import litestream_vfs; print(litestream_vfs.loadable_path())"], capture_output=True, text=True
+        )
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip()
+    raise RuntimeError(
+        f"no Litestream VFS library: pass --litestream-vfs (run.sh installs litestream-vfs=={LITESTREAM_VFS_VERSION} "
+        f"into its venv)"
+    )
+
+
+def bpe_arm_on(setting, lib):
+    if setting in ("on", "off"):
+        return setting == "on"
+    with open(lib, "rb") as f:
+        return b"bpe_base" in f.read()
+
+
+def run_litestream_vfs(args, lib):
+    root = os.path.join(args.work, "litestream-vfs")
+    os.makedirs(root, exist_ok=True)
+    name = "litestream-vfs"
+    lsvfs = find_litestream_vfs(args)
+    bpe = bpe_arm_on(args.ls_vfs_bpe, lib)
+    db = os.path.join(root, "app.db")
+    replica_dir = os.path.join(root, "replica")
+    cfg = os.path.join(root, "litestream.yml")
+    # Compaction: "default" is Litestream's (L1 every 30 s on the clock, L2 5 min, L3 1 h); "off"
+    # moves L1-L3 to 24 h, 48 h, 96 h (on the clock: none during a run unless it crosses 00:00 UTC).
+    # 0.5.17's long-lived VFS connections served torn states (rows of writes newer than the meta
+    # row, rows back at version 0) and stopped advancing after an L1 file appeared mid-run.
+    levels = "" if args.ls_vfs_compaction == "default" else (
+        "levels:\n  - interval: 24h\n  - interval: 48h\n  - interval: 96h\n"
+    )
+    with open(cfg, "w") as f:
+        f.write(
+            f"""l0-retention: 1h
+{levels}dbs:
+  - path: {db}
+    monitor-interval: 100ms
+    checkpoint-interval: 1s
+    min-checkpoint-page-count: {args.ls_min_checkpoint_pages}
+    replica:
+      type: file
+      path: {replica_dir}
+      sync-interval: 100ms
+"""
+        )
+    # Never created: the Litestream VFS reads LITESTREAM_REPLICA_URL's replica whatever the name.
+    vname = os.path.join(root, "replica.db")
+    extra = "&" + args.ls_vfs_uri_params if args.ls_vfs_uri_params else ""
+    env = {
+        "LITESTREAM_REPLICA_URL": "file://" + replica_dir,
+        # The VFS logs to stdout unless told: that is the reader's answer pipe.
+        "LITESTREAM_LOG_FILE": os.path.join(root, "litestream-vfs.log"),
+    }
+    control_uri = f"file:{vname}?vfs=litestream{extra}"
+    if not bpe:
+        subject_uri = control_uri
+    elif args.ls_vfs_base_via == "env":
+        subject_uri = f"file:{vname}?vfs=bpe{extra}"
+        env["BPE_BASE_VFS"] = "litestream"
+    else:
+        subject_uri = f"file:{vname}?vfs=bpe&bpe_base=litestream{extra}"
+    log(f"== {name}: writer on {db}, litestream replicate to file://{replica_dir}; readers through "
+        f"{subject_uri}" + ("" if bpe else " (bpe arm OFF: plain Litestream VFS)") + f", controls through {control_uri}")
+    log(f"   Litestream VFS: {lsvfs}")
+    writer = MetaWriter(db, "wal", args.rows, autocheckpoint=0)
+    ls = start([args.litestream, "replicate", "-config", cfg], os.path.join(root, "litestream.log"))
+    wait_until(lambda: os.listdir(os.path.join(replica_dir, "ltx", "0")), "Litestream's first LTX file", 60)
+    reads = [("long", subject_uri, True), ("fresh", subject_uri, False)]
+    if CONTROL:
+        reads = [("control_long", control_uri, True), reads[0], ("control_fresh", control_uri, False), reads[1]]
+    request = [{"name": who, "uri": uri, "long": lg} for who, uri, lg in reads]
+    oracle = StateOracle(writer, args.ls_vfs_fresh_bound)
+    checks = {"reads": 0, "stale_rows": 0, "wrong_rows": 0, "control_stale_rows": 0,
+              "bad_reads": 0, "control_bad_reads": 0}
+    base, writes = Tally(), Tally()
+    trace = []
+
+    def do_round(rnd, tally, only=None):
+        out = reader.ask(op="multi", reads=[r for r in request if only is None or r["name"] in only])
+        row = {"round": rnd, "n": writer.n}
+        bad = set()
+        for who, _, lg in reads:
+            if who not in out:
+                continue
+            scan = out[who]
+            control = who.startswith("control")
+            problems, want = oracle.check(who, scan, fresh=not lg)
+            row[who] = [scan["meta"], scan["txid"], round(scan["ms"], 1),
+                        scan["delta"]["Buffer cache hit ratio base"], scan["delta"]["Page reads/sec"]]
+            if not control:
+                checks["reads"] += 1
+                tally.add(who, scan)
+                tally.add("both", scan)
+                if bpe and not lg and scan["delta"]["Buffer cache hit ratio base"] <= 0:
+                    fail(f"{name} round {rnd}: the fresh bpe reader made no bpe page lookups (not on vfs=bpe?)")
+            if problems:
+                bad.add(who)
+                stale, wrong = compare(want, scan["versions"]) if want else (0, len(scan["versions"]) or 1)
+                if control:
+                    checks["control_bad_reads"] += 1
+                    checks["control_stale_rows"] += stale + wrong
+                    fail(f"{name} round {rnd}: the {who} reader (plain Litestream VFS: the engine's fault): "
+                         + "; ".join(problems))
+                else:
+                    checks["bad_reads"] += 1
+                    checks["stale_rows"] += stale
+                    checks["wrong_rows"] += wrong
+                    fail(f"{name} round {rnd}: the {who} {'bpe' if bpe else 'subject'} reader: " + "; ".join(problems))
+        trace.append(row)
+        return out, bad
+
+    reader = Reader(lib, os.path.join(root, "reader.log"), env_extra=env, extra_args=["--litestream-vfs", lsvfs])
+    try:
+        t0 = time.monotonic()
+        do_round("warm-up", Tally())
+        for rnd in range(args.baseline_rounds):
+            do_round(f"baseline {rnd}", base)
+        t1 = time.monotonic()
+        rounds_run = 0
+        for rnd in range(1, args.rounds + 1):
+            writer.write(args.updates)
+            do_round(rnd, writes)
+            rounds_run = rnd
+            if ls.poll() is not None:
+                raise RuntimeError("litestream exited")
+            if len(FAILURES) > 20:
+                break
+            time.sleep(args.ls_vfs_round_gap)
+        t2 = time.monotonic()
+        # Eventually fresh: after the last write, each reader (a new connection for the fresh ones)
+        # until it shows the last write.
+        target, committed = writer.n, writer.commit_times[writer.n]
+        fresh_after, pending, gave_up = {}, {who for who, _, _ in reads}, set()
+        while pending and time.monotonic() - committed < args.ls_vfs_fresh_bound + 5:
+            out, bad = do_round("eventually fresh", Tally(), only=pending)
+            gave_up |= bad  # failed already: not waited for (one failure each, not one a poll)
+            pending -= bad
+            for who, scan in out.items():
+                if who in bad:
+                    continue
+                if scan["meta"] == target and scan["versions"] == writer.oracle:
+                    fresh_after[who] = round(scan["t0"] + scan["ms"] / 1000 - committed, 3)
+                    pending.discard(who)
+            time.sleep(0.02)
+        for who, _, _ in reads:
+            s = fresh_after.get(who)
+            if who in gave_up and s is None:
+                continue
+            if s is None or s > args.ls_vfs_fresh_bound:
+                what = "never" if s is None else f"only after {s} s"
+                if who.startswith("control"):
+                    checks["control_bad_reads"] += 1
+                    fail(f"{name}: the {who} reader (plain Litestream VFS: the engine's fault) showed the last "
+                         f"write {what} (bound {args.ls_vfs_fresh_bound} s)")
+                else:
+                    fail(f"{name}: the {who} reader showed the last write {what} (bound {args.ls_vfs_fresh_bound} s)")
+        totals = reader.ask(op="counters")
+        res = {
+            "bpe_arm": bpe,
+            "compaction": args.ls_vfs_compaction,
+            "subject_uri": subject_uri,
+            "control_uri": control_uri if CONTROL else None,
+            "litestream_vfs": lsvfs,
+            "rows": len(writer.oracle),
+            "updates_per_round": args.updates,
+            "rounds": rounds_run,
+            "writes": writer.n,
+            "write_every_s": args.ls_vfs_round_gap,
+            "baseline_rounds": args.baseline_rounds,
+            "checks": checks,
+            "oracle": oracle.summary(),
+            "eventually_fresh_s": fresh_after,
+            "eventually_fresh_not_waited_for": sorted(gave_up),  # failed a check while waited for
+            "fresh_bound_s": args.ls_vfs_fresh_bound,
+            "no_writes": base.summary(),
+            "with_writes": writes.summary(),
+            "bpe_counters_total": totals,
+            "rounds_per_s": round(rounds_run / (t2 - t1), 2),
+            "writes_per_s": round(writer.n / (t2 - t1), 2),
+            "baseline_s": round(t1 - t0, 2),
+            "rounds_s": round(t2 - t1, 2),
+            "trace": trace,
+        }
+        for key in ("hit_ratio", "served_ratio"):
+            b = res["no_writes"].get("both", {}).get(key)
+            w = res["with_writes"].get("both", {}).get(key)
+            if b and w is not None:
+                res[key + "_kept"] = round(w / b, 4)
+        stop(ls, timeout=60)
+        with open(os.path.join(root, "litestream.log"), errors="replace") as f:
+            res["litestream_log_errors"] = sum(1 for line in f if "level=ERROR" in line)
+        try:
+            with open(env["LITESTREAM_LOG_FILE"], errors="replace") as f:
+                text = f.read()
+            res["litestream_vfs_log"] = {lvl: text.count("level=" + lvl) for lvl in ("WARN", "ERROR")}
+        except OSError:
+            res["litestream_vfs_log"] = None
+        res["name_created"] = os.path.exists(vname)  # the VFS ignores the name: a file there came from elsewhere
+        if res["name_created"]:
+            log(f"{name}: NOTE {vname} exists after the run (the Litestream VFS never creates it)")
+        RESULTS[name] = res
+    finally:
+        reader.close()
+        writer.c.close()
+        stop(ls)
+    log(json.dumps({k: v for k, v in RESULTS[name].items() if k != "trace"}, indent=1))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--litefs", default="litefs")
     ap.add_argument("--litestream", default="litestream")
-    ap.add_argument("--engines", default="litefs,litestream")
+    ap.add_argument("--engines", default=DEFAULT_ENGINES, help=f"of litefs, litestream, litestream-vfs (default {DEFAULT_ENGINES})")
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--baseline-rounds", type=int, default=20)
     ap.add_argument("--rows", type=int, default=5000)
@@ -658,6 +1049,24 @@ def main():
     ap.add_argument("--race-write-gap", type=float, default=0.02, help="seconds between the race's writes")
     ap.add_argument("--ls-min-checkpoint-pages", type=int, default=16)
     ap.add_argument("--port", type=int, default=20202)
+    ap.add_argument("--litestream-vfs", help="the Litestream VFS library (litestream-vfs.so; default: the litestream_vfs "
+                    "package of the venv beside --litestream)")
+    ap.add_argument("--ls-vfs-bpe", choices=("auto", "on", "off"), default=LITESTREAM_VFS_BPE_ARM,
+                    help="litestream-vfs: read through vfs=bpe over the Litestream VFS (on), plain vfs=litestream (off), "
+                    "or on when the library knows bpe_base (auto)")
+    ap.add_argument("--ls-vfs-base-via", choices=("uri", "env"), default="uri",
+                    help="litestream-vfs, bpe arm: name the base VFS in the URI (bpe_base=litestream) or in BPE_BASE_VFS")
+    ap.add_argument("--ls-vfs-compaction", choices=("off", "default"), default="off",
+                    help="litestream-vfs: Litestream's L1-L3 compaction during the run: off (intervals of 24 h and "
+                    "more) or Litestream's default (L1 every 30 s), where 0.5.17's own long-lived VFS connections "
+                    "fail the checks")
+    ap.add_argument("--ls-vfs-round-gap", type=float, default=0.05, help="litestream-vfs: seconds between rounds")
+    ap.add_argument("--ls-vfs-fresh-bound", type=float, default=15.0,
+                    help="litestream-vfs: seconds after a write within which every reader must show it (reads "
+                    "lagging more fail; after the last write, each reader is waited for up to this)")
+    ap.add_argument("--ls-vfs-uri-params", default="",
+                    help="litestream-vfs: more URI parameters for every reader, e.g. poll_interval=100ms (0.5.17 reads "
+                    "replica_url, poll_interval, cache_size from the URI)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument(
         "--no-control",
@@ -675,7 +1084,7 @@ def main():
         for e in engines:
             t = time.monotonic()
             try:
-                {"litefs": run_litefs, "litestream": run_litestream}[e](args, lib)
+                {"litefs": run_litefs, "litestream": run_litestream, "litestream-vfs": run_litestream_vfs}[e](args, lib)
             except Exception as ex:
                 fail(f"{e}: {type(ex).__name__}: {ex}")
             log(f"-- {e}: {time.monotonic() - t:.1f} s")
@@ -697,6 +1106,18 @@ def main():
             f"{fw.get('lookups')} lookups, {fw.get('file_reads')} file reads, "
             f"{fw.get('file_forgets')} whole-file forgets, {fw.get('pages_forgotten')} pages forgotten)"
         )
+        if "oracle" in r:
+            o = r["oracle"]
+            log(
+                f"{name}: {'bpe' if r['bpe_arm'] else 'bpe arm OFF (plain Litestream VFS)'}; bad reads "
+                f"{c['bad_reads']}, control {c['control_bad_reads']}; "
+                + "; ".join(
+                    f"{who}: {x['reads']} reads, {x['distinct_states_seen']} states, lag max {x['lag_writes_max']} "
+                    f"writes / {x['invisible_s_max']} s, {x['ms_per_read']} ms/read, last write after "
+                    f"{r['eventually_fresh_s'].get(who)} s"
+                    for who, x in o.items()
+                )
+            )
     if FAILURES:
         log(f"{len(FAILURES)} failures")
         sys.exit(1)

