@@ -72,6 +72,9 @@ struct Watch {
     /// (epoch, sequence number). See peer_log.rs.
     log: Option<PeerLog>,
     log_pos: Option<(u64, u64)>,
+    /// On a LiteFS mount: the position file and the header as the last read transaction saw
+    /// them (see `replica_position`).
+    replica: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// The change counter in header bytes 24..40.
@@ -436,6 +439,35 @@ impl FileWatch {
         }
     }
 
+    /// A read transaction began on a LiteFS mount, under its read lock (see replica_pos.rs):
+    /// `pos` is the position file now, `header` what the transaction's look saw (rollback: bytes
+    /// 24..40; WAL: the wal-index header). A position that moved while the header did not is a
+    /// replicated transaction the header failed to show: the whole file is forgotten, as for any
+    /// change nothing names the pages of.
+    /// True when the header was lost so: in WAL mode the caller then writes it anew
+    /// (`bump_change`), or every long-lived connection's own page cache would stay stale too.
+    pub fn replica_position(
+        &self,
+        engine: &Engine,
+        file: &FileHandle,
+        pos: Option<Vec<u8>>,
+        header: &[u8],
+    ) -> bool {
+        let Some(pos) = pos else {
+            return false;
+        };
+        let mut w = self.state.lock();
+        let lost = w
+            .replica
+            .as_ref()
+            .is_some_and(|(last_pos, last_header)| *last_pos != pos && last_header == header);
+        if lost {
+            engine.invalidate_file(file);
+        }
+        w.replica = Some((pos, header.to_vec()));
+        lost
+    }
+
     /// Looks at the wal-index again within a read transaction (its first read of the file: see
     /// `vfs::file::Conn::wal_first_read`) and forgets what another process's change put in the
     /// file meanwhile.
@@ -574,9 +606,88 @@ pub unsafe fn wal_token(region0: *const u8) -> Option<WalToken> {
     None
 }
 
+/// wal.c's checksum of a wal-index header's first 40 bytes, in native byte order.
+fn header_checksum(header: &[u32; 12]) -> [u32; 2] {
+    let (mut s1, mut s2) = (0u32, 0u32);
+    for pair in header[..10].chunks(2) {
+        s1 = s1.wrapping_add(pair[0]).wrapping_add(s2);
+        s2 = s2.wrapping_add(pair[1]).wrapping_add(s1);
+    }
+    [s1, s2]
+}
+
+/// Writes the wal-index header anew with iChange + 1 and its checksum, the second copy first as
+/// wal.c's writers do, so that every connection's SQLite sees a change at its next read
+/// transaction and drops its own page cache. Only for LiteFS's lost header (see
+/// `FileWatch::replica_position`): this is the write LiteFS made and lost. A reader that looks
+/// between the two copies finds them unequal and retries, as with any writer's header. False
+/// (nothing written) if the copies disagree or the checksum is not in this machine's byte order.
+///
+/// # Safety
+/// As `wal_token`; the caller holds a read mark, so LiteFS cannot apply a transaction meanwhile.
+pub unsafe fn bump_change(region0: *const u8) -> bool {
+    // SAFETY: as in wal_token.
+    let cell = |off: usize| unsafe { &*(region0.add(off) as *const AtomicU32) };
+    let copy = |n: usize| {
+        std::array::from_fn::<u32, 12, _>(|i| cell(n * 48 + i * 4).load(Ordering::Acquire))
+    };
+    let first = copy(0);
+    if copy(1) != first {
+        return false;
+    }
+    // Byte 13 is bigEndCksum: the checksum is native when it says this machine's order.
+    let big_end = first[3].to_ne_bytes()[1] != 0;
+    if big_end != cfg!(target_endian = "big") {
+        return false;
+    }
+    let mut header = first;
+    header[2] = header[2].wrapping_add(1);
+    [header[10], header[11]] = header_checksum(&header);
+    for (i, w) in header.iter().enumerate() {
+        cell(48 + i * 4).store(*w, Ordering::Release);
+    }
+    std::sync::atomic::fence(Ordering::SeqCst);
+    for (i, w) in header.iter().enumerate() {
+        cell(i * 4).store(*w, Ordering::Release);
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::{FileWatch, Forget, WalLocks, WalToken, WalView};
+
+    /// The header SQLite itself wrote checks with our checksum, and a bumped one differs from
+    /// it only in iChange (+1) and the checksum (so SQLite takes it as a writer's header).
+    #[test]
+    fn a_bumped_wal_index_header_is_sqlites_header_with_the_next_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("w.db");
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.pragma_update(None, "journal_mode", "wal").unwrap();
+        c.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+            .unwrap();
+        let shm = std::fs::read(dir.path().join("w.db-shm")).unwrap();
+        let words = |b: &[u8]| -> [u32; 12] {
+            std::array::from_fn(|i| u32::from_ne_bytes(b[i * 4..i * 4 + 4].try_into().unwrap()))
+        };
+        let written = words(&shm[..48]);
+        assert_eq!(super::header_checksum(&written), [written[10], written[11]]);
+        let mut region: Vec<u32> = words(&shm[..48]).into_iter().collect();
+        region.extend(words(&shm[48..96]));
+        region.extend(
+            (0..10).map(|i| u32::from_ne_bytes(shm[96 + i * 4..100 + i * 4].try_into().unwrap())),
+        );
+        // SAFETY: region is 136 bytes of u32 (aligned), written only through this pointer.
+        assert!(unsafe { super::bump_change(region.as_mut_ptr() as *const u8) });
+        let bytes: Vec<u8> = region.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let (first, second) = (words(&bytes[..48]), words(&bytes[48..96]));
+        assert_eq!(first, second);
+        assert_eq!(first[2], written[2] + 1);
+        assert_eq!(super::header_checksum(&first), [first[10], first[11]]);
+        assert_eq!(first[..2], written[..2]);
+        assert_eq!(first[3..10], written[3..10]);
+    }
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 
     /// A model of one database's wal-index as SQLite's writers keep it: the frames' pages of

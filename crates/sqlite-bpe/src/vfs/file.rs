@@ -8,6 +8,7 @@
 //! descriptor, or SQLite's read method where O_DIRECT is not used.
 
 use super::change_detect::{self, FileWatch, WalLocks};
+use super::replica_pos::ReplicaPos;
 use super::unix_file::{self, unix, UnixFile};
 use crate::api;
 use crate::ffi::guard;
@@ -57,6 +58,8 @@ pub struct Conn {
     /// A WAL read transaction began (a read mark was locked) and has not read the file yet:
     /// its first read looks at the wal-index again (see `Conn::wal_first_read`).
     wal_read_began: bool,
+    /// LiteFS's position file, if the database is on a LiteFS mount (replica_pos.rs).
+    replica_pos: Option<ReplicaPos>,
 }
 
 impl Conn {
@@ -84,6 +87,7 @@ impl Conn {
             txn_unloggable: false,
             header: None,
             wal_read_began: false,
+            replica_pos: ReplicaPos::find(path),
         })
     }
 
@@ -423,6 +427,12 @@ unsafe extern "C" fn lock(f: *mut sqlite3_file, level: c_int) -> c_int {
             let stamp = conn.handle.stamp_now().ok();
             conn.watch
                 .begin_read(&conn.engine, &conn.handle, header, stamp);
+            if let Some(pos) = &conn.replica_pos {
+                // Rollback mode: LiteFS writes page 1, so the counter SQLite reads moves too.
+                let seen = header.map_or(Vec::new(), |h| h.to_vec());
+                conn.watch
+                    .replica_position(&conn.engine, &conn.handle, pos.read(), &seen);
+            }
             conn.header = header;
         }
         if rc == SQLITE_OK {
@@ -601,6 +611,19 @@ unsafe extern "C" fn shm_lock(
                     |from, to, salts| unsafe { wal_frame_pages(real, shm0, from, to, salts) };
                 conn.watch
                     .begin_read_wal(&conn.engine, &conn.handle, read_token, &pages, stamp);
+                if let Some(pos) = &conn.replica_pos {
+                    // SAFETY: as above; the header's first copy is region 0's first 48 bytes.
+                    let seen = unsafe { std::slice::from_raw_parts(shm0, 48) }.to_vec();
+                    let lost =
+                        conn.watch
+                            .replica_position(&conn.engine, &conn.handle, pos.read(), &seen);
+                    if lost {
+                        // SAFETY: as above. SQLite compares the header with the one it read
+                        // before this lock, finds it changed and begins again, dropping its
+                        // page cache.
+                        unsafe { change_detect::bump_change(shm0) };
+                    }
+                }
                 conn.wal_read_began = true;
             }
         }

@@ -13,6 +13,7 @@ mod change_detect;
 mod charged_file;
 mod file;
 mod peer_log;
+mod replica_pos;
 mod scope;
 mod unix_file;
 

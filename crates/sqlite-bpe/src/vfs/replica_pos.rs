@@ -1,0 +1,58 @@
+//! LiteFS's position file: beside each database on a LiteFS mount, `<db>-pos` reads as the
+//! replicated transaction the node has applied (`TXID/checksum`). LiteFS sets it before it
+//! rewrites the wal-index header of a replica, both while it holds every lock of the database
+//! (WAL: the write, checkpoint, recover and all read-mark locks; rollback: EXCLUSIVE), so a
+//! reader that holds its read lock sees a position that covers every page in the file.
+//!
+//! It is a second witness for the wal-index, not a replacement: LiteFS's header rewrite can be
+//! lost (its own comment on `updateSHM` names a write through the `-shm` mmap that overwrites
+//! it), and a reader that then sees an unchanged header would serve the pages it cached before
+//! the transaction. A position that moved while the header did not forgets the whole file
+//! (`FileWatch::replica_position`). On the primary, local commits move both.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// statfs's f_type of a FUSE mount.
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// The position file of one database, open for the connection's life.
+pub struct ReplicaPos {
+    file: std::fs::File,
+}
+
+impl ReplicaPos {
+    /// The position file of the database at `db`, if it is on a FUSE mount and has one.
+    pub fn find(db: &Path) -> Option<ReplicaPos> {
+        if !on_fuse(db) {
+            return None;
+        }
+        let mut name = db.as_os_str().to_owned();
+        name.push("-pos");
+        let file = std::fs::File::open(name).ok()?;
+        Some(ReplicaPos { file })
+    }
+
+    /// The position now (LiteFS drops the kernel's cached copy whenever it changes). None if
+    /// it cannot be read: then it says nothing.
+    pub fn read(&self) -> Option<Vec<u8>> {
+        let mut buf = [0u8; 128];
+        let n = self.file.read_at(&mut buf, 0).ok()?;
+        (n > 0).then(|| buf[..n].to_vec())
+    }
+}
+
+fn on_fuse(path: &Path) -> bool {
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs fills st for a valid C path; st is plain data, valid for writes.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    st.f_type as i64 == FUSE_SUPER_MAGIC
+}
