@@ -13,7 +13,7 @@ use crate::extension::Extension;
 use crate::files::FileHandle;
 use crate::io::{DataDevice, DeviceCharges, DeviceOp, Instrumented};
 use crate::page::{PageKey, Tier};
-use crate::pool::{LoadSource, Lookup, NewFrame, Ticket};
+use crate::pool::{Frame, LoadSource, Lookup, NewFrame, Ticket};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -27,6 +27,15 @@ pub struct PageRead {
     /// Bytes that exist in the file; less than the page size at end of file (the rest is zeros
     /// and nothing was cached).
     pub len: usize,
+}
+
+/// A page held in place in L1 (see `Engine::pin_cached`).
+pub struct PinnedPage(Arc<Frame>);
+
+impl PinnedPage {
+    pub fn bytes(&self) -> &[u8] {
+        &self.0.data
+    }
 }
 
 /// How a read or write reaches the data file: the caller's device, if it brings one (SQLite's
@@ -98,6 +107,25 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// The page's bytes in place, if L1 holds them: no copy, no load (SQLite's memory-mapped
+    /// reads, `xFetch`). The bytes stay valid and unchanged while the pin lives (a frame's bytes
+    /// never change; a write or a forget replaces the frame, and its slot is freed only when the
+    /// last pin drops). A miss returns None and the caller reads the page the usual way.
+    pub fn pin_cached(&self, file: &FileHandle, page: u64) -> Option<PinnedPage> {
+        let key = PageKey::new(file.key(), page);
+        let frame = self.pool.peek(key)?;
+        if frame.data.len() != file.page_size() {
+            return None;
+        }
+        self.counters.page_lookups.bump();
+        self.counters.l1_hits.bump();
+        frame.touch(self.now_ms());
+        if self.config.readahead {
+            self.read_ahead_in_background(file, key);
+        }
+        Some(PinnedPage(frame))
     }
 
     /// Fetches a missed page from L2 or the data file. None if a racing write voided the read.

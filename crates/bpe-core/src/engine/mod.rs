@@ -19,7 +19,7 @@ mod prefetch;
 mod warm;
 
 pub use admin::{check_extension_size, check_max_memory, effective_extension_size, Settings};
-pub use data_path::{PageRead, Via};
+pub use data_path::{PageRead, PinnedPage, Via};
 pub use lifecycle::{ExtensionState, ExtensionStatus};
 pub use observe::BufferDescriptor;
 

@@ -13,7 +13,7 @@ use super::unix_file::{self, unix, UnixFile};
 use crate::api;
 use crate::ffi::guard;
 use bpe_core::FileIdentity;
-use bpe_core::{DeviceOp, Engine, Error, FileHandle, OpenRequest, Via};
+use bpe_core::{DeviceOp, Engine, Error, FileHandle, OpenRequest, PinnedPage, Via};
 use libsqlite3_sys::*;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::{Path, PathBuf};
@@ -60,6 +60,10 @@ pub struct Conn {
     wal_read_began: bool,
     /// LiteFS's position file, if the database is on a LiteFS mount (replica_pos.rs).
     replica_pos: Option<ReplicaPos>,
+    /// Pages SQLite holds in place through `xFetch`, until its `xUnfetch`.
+    pins: Vec<PinnedPage>,
+    /// SQLite's `mmap_size` for this file: `xFetch` serves pages below it.
+    mmap_limit: i64,
 }
 
 impl Conn {
@@ -88,6 +92,8 @@ impl Conn {
             header: None,
             wal_read_began: false,
             replica_pos: ReplicaPos::find(path),
+            pins: Vec::new(),
+            mmap_limit: 0,
         })
     }
 
@@ -175,10 +181,10 @@ pub unsafe fn close_real(real: *mut sqlite3_file) -> c_int {
     }
 }
 
-/// Version 2: no xFetch/xUnfetch, so SQLite never memory-maps the file past our cache
-/// (PRAGMA mmap_size is then a no-op on bpe databases).
+/// Version 3: SQLite's memory-mapped reads (`PRAGMA mmap_size` > 0) are served from L1 in place
+/// (`fetch`); the file itself is never mapped.
 static METHODS: sqlite3_io_methods = sqlite3_io_methods {
-    iVersion: 2,
+    iVersion: 3,
     xClose: Some(close),
     xRead: Some(read),
     xWrite: Some(write),
@@ -195,8 +201,8 @@ static METHODS: sqlite3_io_methods = sqlite3_io_methods {
     xShmLock: Some(shm_lock),
     xShmBarrier: Some(shm_barrier),
     xShmUnmap: Some(shm_unmap),
-    xFetch: None,
-    xUnfetch: None,
+    xFetch: Some(fetch),
+    xUnfetch: Some(unfetch),
 };
 
 /// The connection and the unix file behind a bpe file object, on this process's engine.
@@ -301,6 +307,58 @@ unsafe extern "C" fn read(f: *mut sqlite3_file, buf: *mut c_void, amt: c_int, of
         }
         // Not a page (the header): SQLite's own buffered read, coherent with every writer.
         unix!(real, xRead, buf, amt, off)
+    })
+}
+
+/// SQLite's memory-mapped read of a page (`PRAGMA mmap_size` > 0; only pages other than the
+/// first, in a read transaction, and in WAL mode only pages the WAL does not hold): a pointer to
+/// the page's bytes in L1, held until `unfetch`. The bytes never change while held (a frame's
+/// bytes are never written; see `Engine::pin_cached`). A page L1 does not hold gets NULL, and
+/// SQLite reads it with `xRead`, which loads it. No copy, and SQLite's own page cache does not
+/// hold a second copy of the page.
+unsafe extern "C" fn fetch(
+    f: *mut sqlite3_file,
+    off: i64,
+    amt: c_int,
+    pp: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: SQLite passes a writable out-pointer.
+    unsafe { *pp = std::ptr::null_mut() };
+    method!(f, SQLITE_OK, "xFetch", |conn, real| {
+        if std::mem::take(&mut conn.wal_read_began) {
+            conn.wal_first_read(real);
+        }
+        let usable = conn.lock >= SQLITE_LOCK_SHARED
+            && page_shaped(amt, off)
+            && off + amt as i64 <= conn.mmap_limit
+            && amt as usize == conn.handle.page_size();
+        if !usable {
+            return SQLITE_OK;
+        }
+        if let Some(pin) = conn
+            .engine
+            .pin_cached(&conn.handle, off as u64 / amt as u64)
+        {
+            // SAFETY: as above; the bytes live as long as the pin, which unfetch drops.
+            unsafe { *pp = pin.bytes().as_ptr() as *mut c_void };
+            conn.pins.push(pin);
+        }
+        SQLITE_OK
+    })
+}
+
+/// Releases a page `fetch` handed out (`p` is its pointer; NULL, "unmap everything", comes
+/// only when none is held).
+unsafe extern "C" fn unfetch(f: *mut sqlite3_file, _off: i64, p: *mut c_void) -> c_int {
+    method!(f, SQLITE_OK, "xUnfetch", |conn, _real| {
+        if let Some(at) = conn
+            .pins
+            .iter()
+            .position(|pin| pin.bytes().as_ptr() == p as *const u8)
+        {
+            conn.pins.swap_remove(at);
+        }
+        SQLITE_OK
     })
 }
 
@@ -478,11 +536,14 @@ unsafe extern "C" fn check_reserved_lock(f: *mut sqlite3_file, out: *mut c_int) 
 }
 
 unsafe extern "C" fn file_control(f: *mut sqlite3_file, op: c_int, arg: *mut c_void) -> c_int {
-    method!(f, SQLITE_ERROR, "xFileControl", |_conn, real| {
+    method!(f, SQLITE_ERROR, "xFileControl", |conn, real| {
         if op == SQLITE_FCNTL_PRAGMA {
             if let Some(rc) = bpe_pragma(arg) {
                 return rc;
             }
+        }
+        if op == SQLITE_FCNTL_MMAP_SIZE {
+            return conn.set_mmap_limit(real, arg as *mut i64);
         }
         unix!(real, xFileControl, op, arg)
     })
@@ -632,6 +693,34 @@ unsafe extern "C" fn shm_lock(
 }
 
 impl Conn {
+    /// `SQLITE_FCNTL_MMAP_SIZE`: answers the limit in force and sets the new one (`*arg` >= 0),
+    /// as the unix VFS does: clamped to SQLite's maximum (the unix file, which never maps the
+    /// file since our `fetch` stands in for its own, keeps and clamps it), and left as it is
+    /// while SQLite holds fetched pages.
+    fn set_mmap_limit(&mut self, real: *mut sqlite3_file, arg: *mut i64) -> c_int {
+        // SAFETY: for this op, arg points at an i64 SQLite owns for the call.
+        let wanted = unsafe { *arg };
+        if !self.pins.is_empty() {
+            // SAFETY: as above.
+            unsafe { *arg = self.mmap_limit };
+            return SQLITE_OK;
+        }
+        let rc = unix!(
+            real,
+            xFileControl,
+            SQLITE_FCNTL_MMAP_SIZE,
+            arg as *mut c_void
+        );
+        if rc == SQLITE_OK && wanted >= 0 {
+            let mut now = -1i64;
+            let q = &mut now as *mut i64 as *mut c_void;
+            if unix!(real, xFileControl, SQLITE_FCNTL_MMAP_SIZE, q) == SQLITE_OK {
+                self.mmap_limit = now;
+            }
+        }
+        rc
+    }
+
     /// Notes that this lock period writes the file (the counter it started from, once).
     fn begin_writing(&mut self) {
         self.watch.wrote_file();
