@@ -145,6 +145,9 @@ pub struct Gauges {
     pub ext_shared_processes: u64,
     /// RAM the shared index takes, once for all the processes that share it.
     pub ext_shared_index_bytes: u64,
+    /// Times a participant found the shared index's lock left by a dead holder and emptied the
+    /// index (since the shared memory was made).
+    pub ext_shared_recoveries: u64,
     pub buffered_data_files: u64,
 }
 
@@ -189,6 +192,7 @@ pub struct CounterSnapshot {
     pub ext_index_bytes: u64,
     pub ext_shared_processes: u64,
     pub ext_shared_index_bytes: u64,
+    pub ext_shared_recoveries: u64,
     pub ext_bytes_written: u64,
     pub ext_sequential_write_percent: u64,
     pub ext_admissions_dropped: u64,
@@ -243,6 +247,7 @@ impl CounterSnapshot {
             ext_index_bytes: g.ext_index_bytes,
             ext_shared_processes: g.ext_shared_processes,
             ext_shared_index_bytes: g.ext_shared_index_bytes,
+            ext_shared_recoveries: g.ext_shared_recoveries,
             ext_bytes_written: l(&c.ext_bytes_written),
             ext_sequential_write_percent: (l(&c.ext_sequential_write_pages) * 100)
                 .checked_div(ext_writes)
@@ -351,6 +356,11 @@ impl CounterSnapshot {
             r(
                 "Extension shared index bytes",
                 self.ext_shared_index_bytes,
+                Gauge,
+            ),
+            r(
+                "Extension shared recoveries",
+                self.ext_shared_recoveries,
                 Gauge,
             ),
             r(

@@ -36,6 +36,14 @@ pub enum Error {
     #[error("buffer pool extension path {path:?} is invalid: {reason}")]
     BadExtensionPath { path: PathBuf, reason: String },
 
+    /// The path is right, but what is there now cannot be used by this process: the code acts
+    /// on `why` (a file that another process may be creating is tried again), never on words.
+    #[error("buffer pool extension path {path:?} is invalid: {why}")]
+    ExtensionRefused {
+        path: PathBuf,
+        why: ExtensionRefusal,
+    },
+
     #[error("cannot create buffer pool extension file {path:?}: {source}")]
     ExtensionCreate {
         path: PathBuf,
@@ -72,4 +80,41 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Why an extension file at a valid path cannot be used now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ExtensionRefusal {
+    /// A file that is not a live extension is there (or one being created, not yet marked).
+    #[error("a file already exists there; the extension never overwrites a file")]
+    FileExists,
+    /// Another process holds the extension for itself (a private extension, or one being laid
+    /// out).
+    #[error(
+        "another process's buffer pool extension is using it for itself; enable it shared \
+         (BPE_EXTENSION_SHARED=1) in every process to share one"
+    )]
+    HeldForItself,
+    /// Another process's private extension (found while taking a left-over file over).
+    #[error("another process's buffer pool extension is using it")]
+    InUse,
+    /// Shared by other processes at another size.
+    #[error(
+        "the extension is shared at {0} bytes by other processes; detach them first to use \
+         another size"
+    )]
+    SharedAtOtherSize(u64),
+    /// Replaced again and again while this process opened it.
+    #[error("it keeps changing while this process opens it")]
+    KeepsChanging,
+}
+
+impl ExtensionRefusal {
+    /// True when another process may be creating the file this moment: worth a retry.
+    pub fn may_be_in_creation(self) -> bool {
+        matches!(
+            self,
+            ExtensionRefusal::FileExists | ExtensionRefusal::HeldForItself
+        )
+    }
 }

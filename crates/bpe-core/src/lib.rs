@@ -27,7 +27,7 @@ pub use engine::{
     check_extension_size, check_max_memory, effective_extension_size, BufferDescriptor, Engine,
     ExtensionState, ExtensionStatus, PageRead, PinnedPage, Settings, Via,
 };
-pub use error::{Error, Result};
+pub use error::{Error, ExtensionRefusal, Result};
 /// The shared extension's protocol (one index for the processes of a machine), public for its
 /// multi-process crash tests.
 pub use extension::shared;

@@ -10,7 +10,7 @@
 //! other file at the path is refused and left untouched.
 
 use super::aligned::read_full;
-use crate::error::{Error, Result};
+use crate::error::{Error, ExtensionRefusal, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
@@ -27,6 +27,13 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
     Error::BadExtensionPath {
         path: path.to_path_buf(),
         reason: reason.into(),
+    }
+}
+
+fn refused(path: &Path, why: ExtensionRefusal) -> Error {
+    Error::ExtensionRefused {
+        path: path.to_path_buf(),
+        why,
     }
 }
 
@@ -67,14 +74,8 @@ pub fn validate_path(path: &Path, shared: bool) -> Result<()> {
         Ok(_) => match inspect(path) {
             Found::Stale(..) => Ok(()), // replaced by create()
             Found::Live if shared => Ok(()),
-            Found::Live => Err(bad(
-                path,
-                "another process's buffer pool extension is using it",
-            )),
-            Found::Foreign => Err(bad(
-                path,
-                "a file already exists there; the extension never overwrites a file",
-            )),
+            Found::Live => Err(refused(path, ExtensionRefusal::InUse)),
+            Found::Foreign => Err(refused(path, ExtensionRefusal::FileExists)),
         },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(bad(path, e.to_string())),
@@ -128,17 +129,14 @@ impl ExtensionFile {
         for _ in 0..100 {
             match Self::try_open_shared(path, size) {
                 Ok(ext) => return Ok(ext),
-                Err(e) if Self::may_be_in_creation(&e) => last = Some(e),
+                Err(e @ Error::ExtensionRefused { why, .. }) if why.may_be_in_creation() => {
+                    last = Some(e)
+                }
                 Err(e) => return Err(e),
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        Err(last.unwrap_or_else(|| bad(path, "it keeps changing while this process opens it")))
-    }
-
-    fn may_be_in_creation(e: &Error) -> bool {
-        let text = e.to_string();
-        text.contains("already exists there") || text.contains("for itself")
+        Err(last.unwrap_or_else(|| refused(path, ExtensionRefusal::KeepsChanging)))
     }
 
     fn try_open_shared(path: &Path, size: u64) -> Result<ExtensionFile> {
@@ -159,12 +157,7 @@ impl ExtensionFile {
                 }
             }
             let (dev, ino) = match inspect(path) {
-                Found::Foreign => {
-                    return Err(bad(
-                        path,
-                        "a file already exists there; the extension never overwrites a file",
-                    ))
-                }
+                Found::Foreign => return Err(refused(path, ExtensionRefusal::FileExists)),
                 Found::Stale(dev, ino) => (dev, ino),
                 Found::Live => match std::fs::symlink_metadata(path) {
                     Ok(m) => (m.dev(), m.ino()),
@@ -196,19 +189,15 @@ impl ExtensionFile {
             }
             // Another size: replace it only if nobody else has it.
             if !super::ofd::try_exclusive(&ext.file, 0) {
-                return Err(bad(
+                return Err(refused(
                     path,
-                    format!(
-                        "the extension is shared at {} bytes by other processes; detach them \
-                         first to use another size",
-                        meta.len()
-                    ),
+                    ExtensionRefusal::SharedAtOtherSize(meta.len()),
                 ));
             }
             remove_shared_memory(dev, ino);
             ext.remove();
         }
-        Err(bad(path, "it keeps changing while this process opens it"))
+        Err(refused(path, ExtensionRefusal::KeepsChanging))
     }
 
     /// Turns the lock on byte 0 into a shared one (or takes one): refused if a process holds
@@ -217,11 +206,7 @@ impl ExtensionFile {
         if super::ofd::try_shared(&self.file, 0) {
             Ok(())
         } else {
-            Err(bad(
-                &self.path,
-                "another process's buffer pool extension is using it for itself; enable it \
-                 shared (BPE_EXTENSION_SHARED=1) in every process to share one",
-            ))
+            Err(refused(&self.path, ExtensionRefusal::HeldForItself))
         }
     }
 
@@ -244,10 +229,7 @@ impl ExtensionFile {
         let fl = lock_request(libc::F_WRLCK);
         // SAFETY: the descriptor is open (read-write) for the call; fl is a valid flock.
         if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) } != 0 {
-            return Err(bad(
-                path,
-                "another process's buffer pool extension is using it",
-            ));
+            return Err(refused(path, ExtensionRefusal::InUse));
         }
         if meta.len() != size {
             return Ok(None);
