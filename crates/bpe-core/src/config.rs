@@ -178,10 +178,10 @@ pub fn physical_memory() -> Option<u64> {
     Some(kb * 1024)
 }
 
-pub fn check_page_size(page_size: usize) -> crate::Result<()> {
+pub fn check_page_size(page_size: usize) -> crate::error::Result<()> {
     if page_size.is_power_of_two() && (MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&page_size) {
         Ok(())
     } else {
-        Err(crate::Error::BadPageSize(page_size))
+        Err(crate::error::Error::BadPageSize(page_size))
     }
 }

@@ -25,7 +25,7 @@ use crate::io::{DataFile, FileIdentity, FileStamp};
 use crate::page::{FileKey, PageCheck};
 use crate::readahead::SequentialDetector;
 use crate::sync::{Mutex, Rank, RwLock};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};

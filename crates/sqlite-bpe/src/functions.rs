@@ -37,7 +37,7 @@ pub fn register(db: *mut sqlite3) -> Result<(), String> {
 
 /// The engine's id for the file at `path`, if it caches it.
 fn database_id_of(path: &str) -> Option<u32> {
-    let files = crate::engine().files();
+    let files = crate::process::engine().files();
     let same = |p: &Path| p == Path::new(path);
     files
         .iter()
@@ -77,7 +77,7 @@ unsafe extern "C" fn db_name(
         // SAFETY: SQLite passes the one argument declared.
         let id = unsafe { api::value_int(*argv) };
         let path = id.and_then(|id| {
-            crate::engine()
+            crate::process::engine()
                 .files()
                 .into_iter()
                 .find(|f| f.id as i64 == id)
@@ -133,7 +133,7 @@ unsafe fn bpe_exec_inner(ctx: *mut sqlite3_context, argc: c_int, argv: *mut *mut
     let Some(text) = text else {
         return ctx.error("bpe_exec: the statement is NULL or not text");
     };
-    match bpe_tsql::run(&crate::engine(), &text) {
+    match bpe_tsql::run(&crate::process::engine(), &text) {
         Ok(status) => ctx.text(&status),
         Err(e) => ctx.error(&e.to_string()),
     }

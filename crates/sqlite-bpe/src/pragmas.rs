@@ -16,7 +16,7 @@ use bpe_tsql::{run_statements, Statement};
 pub fn run(name: &str, value: Option<&str>) -> Option<Result<String, String>> {
     let name = name.to_ascii_lowercase();
     let value = value.map(|v| v.trim().trim_matches(|c| c == '\'' || c == '"'));
-    let engine = crate::engine();
+    let engine = crate::process::engine();
     let statement = match (name.as_str(), value) {
         ("bpe_max_server_memory_mb", None) => {
             return Some(Ok((engine.max_memory() >> 20).to_string()));

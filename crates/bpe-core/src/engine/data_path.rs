@@ -14,7 +14,7 @@ use crate::files::FileHandle;
 use crate::io::{DataDevice, DeviceCharges, DeviceOp, Instrumented};
 use crate::page::{PageKey, Tier};
 use crate::pool::{Frame, LoadSource, Lookup, NewFrame, Ticket};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;

@@ -21,7 +21,7 @@
 
 use super::{check_extension_size, Engine};
 use crate::extension::Extension;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;

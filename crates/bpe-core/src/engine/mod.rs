@@ -31,7 +31,7 @@ use crate::io::{Emulator, FaultInjector, FileIdentity};
 use crate::page::{FileKey, PageKey};
 use crate::pool::{BufferPool, EvictionSink, Frame};
 use crate::sync::{Mutex, Rank, RwLock};
-use crate::Result;
+use crate::error::Result;
 use std::path::Path;
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed,

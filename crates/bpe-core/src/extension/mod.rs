@@ -27,7 +27,7 @@ use crate::page::{FileKey, PageKey};
 use crate::pool::Frame;
 use crate::sync::channel::{Sender, TrySendError};
 use crate::sync::{Latch, Mutex, Rank, RwLock};
-use crate::Result;
+use crate::error::Result;
 use shared::{Attached, Geometry, SharedIndex, SharedRead};
 use std::collections::HashMap;
 use std::path::Path;

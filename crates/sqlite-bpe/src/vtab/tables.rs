@@ -22,7 +22,7 @@ static COUNTERS: TableDef = TableDef {
 };
 
 fn counter_rows() -> Vec<Vec<Value>> {
-    crate::engine()
+    crate::process::engine()
         .counters()
         .rows()
         .into_iter()
@@ -49,7 +49,7 @@ fn opt(v: Option<i64>) -> Value {
 }
 
 fn descriptor_rows() -> Vec<Vec<Value>> {
-    crate::engine()
+    crate::process::engine()
         .descriptors()
         .into_iter()
         .map(|d| {
@@ -98,7 +98,7 @@ static PRAGMA_EXTENSION: TableDef = TableDef {
 };
 
 fn configuration_rows() -> Vec<Vec<Value>> {
-    let s = crate::engine().extension_status();
+    let s = crate::process::engine().extension_status();
     vec![vec![
         s.path
             .map_or(Value::Null, |p| Value::Text(p.display().to_string())),

@@ -53,7 +53,7 @@ use crate::io::ofd;
 use crate::io::shared_memory::{Locked, SharedMemory};
 use crate::io::FileIdentity;
 use crate::page::{FileKey, PageKey};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use layout::{Header, Layout, Tables, FILLING, FREE, FULL, MAGIC, STRIPES};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
