@@ -21,11 +21,11 @@
 //! reused; if it ever wraps (2^32 invalidations), both tiers are emptied first (`Engine::new_key`).
 
 use crate::config::{check_page_size, Config};
+use crate::error::{Error, Result};
 use crate::io::{DataFile, FileIdentity, FileStamp};
 use crate::page::{FileKey, PageCheck};
 use crate::readahead::SequentialDetector;
 use crate::sync::{Mutex, Rank, RwLock};
-use crate::error::{Error, Result};
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -291,16 +291,30 @@ impl FileRegistry {
             self.retained.retain(|i| *i != identity);
             return Ok((file, kind));
         }
+        let file = self.insert_new(identity, path, page_size, new_key(), None, None);
+        Ok((file, OpenKind::New))
+    }
+
+    /// A file the registry did not know, with one opener.
+    fn insert_new(
+        &mut self,
+        identity: FileIdentity,
+        path: &Path,
+        page_size: usize,
+        key: FileKey,
+        data: Option<Arc<DataFile>>,
+        known: Option<KnownStamp>,
+    ) -> FileHandle {
         self.next_id += 1;
         let file = Arc::new(CachedFile {
             id: self.next_id,
-            key: Arc::new(AtomicU32::new(new_key())),
+            key: Arc::new(AtomicU32::new(key)),
             key_change: RwLock::new(Rank::FileKey, ()),
             identity,
             path: path.to_path_buf(),
             page_size: AtomicUsize::new(page_size),
-            data: RwLock::new(Rank::Leaf, None),
-            known: Mutex::new(Rank::Leaf, None),
+            data: RwLock::new(Rank::Leaf, data),
+            known: Mutex::new(Rank::Leaf, known),
             first_page: Mutex::new(Rank::Leaf, None),
             client: Mutex::new(Rank::Leaf, None),
             readahead: SequentialDetector::default(),
@@ -313,7 +327,7 @@ impl FileRegistry {
                 openers: 1,
             },
         );
-        Ok((file, OpenKind::New))
+        file
     }
 
     /// Opens (or shares) a file. `new_key` gives a fresh key (the engine's counter).
@@ -372,27 +386,14 @@ impl FileRegistry {
         }
         let data = self.descriptors(req, identity, config)?;
         let stamp = data.stamp()?;
-        self.next_id += 1;
-        let file = Arc::new(CachedFile {
-            id: self.next_id,
-            key: Arc::new(AtomicU32::new(new_key())),
-            key_change: RwLock::new(Rank::FileKey, ()),
+        let known = Some(KnownStamp::taken_now(stamp));
+        let file = self.insert_new(
             identity,
-            path: req.path.to_path_buf(),
-            page_size: AtomicUsize::new(req.page_size),
-            data: RwLock::new(Rank::Leaf, Some(data)),
-            known: Mutex::new(Rank::Leaf, Some(KnownStamp::taken_now(stamp))),
-            first_page: Mutex::new(Rank::Leaf, None),
-            client: Mutex::new(Rank::Leaf, None),
-            readahead: SequentialDetector::default(),
-            extension_readahead: SequentialDetector::default(),
-        });
-        self.by_identity.insert(
-            identity,
-            Entry {
-                file: file.clone(),
-                openers: 1,
-            },
+            req.path,
+            req.page_size,
+            new_key(),
+            Some(data),
+            known,
         );
         Ok((file, OpenKind::New))
     }

@@ -5,9 +5,9 @@
 
 use super::Engine;
 use crate::config::{physical_memory, INDEX_BUDGET_DIVISOR, MIN_MAX_MEMORY};
+use crate::error::{Error, Result};
 use crate::extension::{initial_index_bytes, MIN_EXTENSION_BYTES};
 use crate::io::FileIdentity;
-use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 

@@ -8,13 +8,13 @@
 
 use super::Engine;
 use crate::counters::Counters;
+use crate::error::{Error, Result};
 use crate::extension::shared::SharedRead;
 use crate::extension::Extension;
 use crate::files::FileHandle;
 use crate::io::{DataDevice, DeviceCharges, DeviceOp, Instrumented};
 use crate::page::{PageKey, Tier};
 use crate::pool::{Frame, LoadSource, Lookup, NewFrame, Ticket};
-use crate::error::{Error, Result};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;

@@ -20,8 +20,8 @@
 //! the working extension through `Engine::extension`, which only these transitions change.
 
 use super::{check_extension_size, Engine};
-use crate::extension::Extension;
 use crate::error::{Error, Result};
+use crate::extension::Extension;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;

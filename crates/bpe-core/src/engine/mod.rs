@@ -25,13 +25,13 @@ pub use observe::BufferDescriptor;
 
 use crate::config::{Config, INDEX_BUDGET_DIVISOR};
 use crate::counters::Counters;
+use crate::error::Result;
 use crate::extension::{Extension, ExtensionHost};
 use crate::files::{FileHandle, FileRegistry, OpenKind, OpenRequest};
 use crate::io::{Emulator, FaultInjector, FileIdentity};
 use crate::page::{FileKey, PageKey};
 use crate::pool::{BufferPool, EvictionSink, Frame};
 use crate::sync::{Mutex, Rank, RwLock};
-use crate::error::Result;
 use std::path::Path;
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed,

@@ -17,6 +17,7 @@ pub use index::{page_crc, ExtensionIndex, IndexStore, Location, UNIT};
 
 use crate::config::{EXTENSION_BATCH_BYTES, EXTENSION_FAULT_LIMIT, EXTENSION_STAGING_PAGES};
 use crate::counters::Counters;
+use crate::error::Result;
 use crate::files::FileHandle;
 use crate::io::aligned::Scratch;
 use crate::io::aligned::{round_down, round_up};
@@ -27,7 +28,6 @@ use crate::page::{FileKey, PageKey};
 use crate::pool::Frame;
 use crate::sync::channel::{Sender, TrySendError};
 use crate::sync::{Latch, Mutex, Rank, RwLock};
-use crate::error::Result;
 use shared::{Attached, Geometry, SharedIndex, SharedRead};
 use std::collections::HashMap;
 use std::path::Path;

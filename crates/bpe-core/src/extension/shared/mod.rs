@@ -48,12 +48,12 @@ pub use layout::{Geometry, MAX_PARTICIPANTS};
 
 use super::index::IndexStore;
 pub use super::index::{page_crc, Location};
+use crate::error::{Error, Result};
 use crate::files::KnownStamp;
 use crate::io::ofd;
 use crate::io::shared_memory::{Locked, SharedMemory};
 use crate::io::FileIdentity;
 use crate::page::{FileKey, PageKey};
-use crate::error::{Error, Result};
 use layout::{Header, Layout, Tables, FILLING, FREE, FULL, MAGIC, STRIPES};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
