@@ -673,6 +673,10 @@ impl SharedIndex {
 
     pub fn stats(&self) -> SharedStats {
         let resident_bytes = self.mem.resident_bytes();
+        // Before the lock, not under it: the probes are one fcntl per participant slot (63),
+        // and every other process's L2 waits for the lock (issue 27: the counters, sampled each
+        // second, held it across all of them).
+        let participants = 1 + self.others_attached();
         let Some(g) = self.lock() else {
             return SharedStats::default();
         };
@@ -680,7 +684,7 @@ impl SharedIndex {
         SharedStats {
             pages: t.totals.len,
             bytes: t.totals.live_bytes,
-            participants: 1 + self.others_attached(),
+            participants,
             recoveries: t.totals.recoveries,
             resident_bytes,
         }
