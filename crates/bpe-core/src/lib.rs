@@ -25,7 +25,7 @@ pub use config::{Config, DeviceEmulation};
 pub use counters::{CounterKind, CounterRow, CounterSnapshot};
 pub use engine::{
     check_extension_size, check_max_memory, effective_extension_size, BufferDescriptor, Engine,
-    ExtensionState, ExtensionStatus, PageRead, PinnedPage, Settings, Via,
+    ExtensionState, ExtensionStatus, PageRead, PinnedPage, SettingChange, Settings, Via,
 };
 pub use error::{Error, ExtensionRefusal, Result};
 /// The shared extension's protocol (one index for the processes of a machine), public for its

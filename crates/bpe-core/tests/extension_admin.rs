@@ -278,3 +278,39 @@ fn a_data_file_read_error_reaches_the_caller_and_nothing_is_cached() {
     let (bytes, tier) = read(&engine, &f, 3);
     assert_eq!((decode(&bytes), tier), (Some((3, 0)), Tier::DataFile));
 }
+
+/// Issue 26: the engine owns the rules a batch of changes is checked by. Each change is checked
+/// against what the ones before it leave, the first refusal names its index, and nothing
+/// changes either way.
+#[test]
+fn a_batch_of_changes_is_checked_in_order_against_what_each_leaves_and_changes_nothing() {
+    use bpe_core::SettingChange::{ExtensionOff, ExtensionOn, MaxMemory};
+    let dir = tempdir();
+    let engine = engine(16 << 20);
+    let ext = dir.path().join("ext.bpe");
+    let other = dir.path().join("other.bpe");
+    let on = |path, size| ExtensionOn { path, size };
+    let before = (engine.settings(), listing(dir.path()));
+    // 64 MB needs memory above 16 MB: refused alone, accepted after a memory raise.
+    assert!(matches!(
+        engine.check_changes(&[on(&ext, 8 << 20)]),
+        Err((0, Error::ExtensionNotLargerThanMemory { .. }))
+    ));
+    assert!(engine
+        .check_changes(&[MaxMemory { bytes: 32 << 20 }, on(&ext, 64 << 20)])
+        .is_ok());
+    // A second path while the first would be on: the second change is refused, by its index.
+    assert!(matches!(
+        engine.check_changes(&[on(&ext, 64 << 20), on(&other, 64 << 20)]),
+        Err((1, Error::ExtensionAlreadyEnabled { .. }))
+    ));
+    // OFF in between makes the second path acceptable.
+    assert!(engine
+        .check_changes(&[on(&ext, 64 << 20), ExtensionOff, on(&other, 64 << 20)])
+        .is_ok());
+    assert_eq!(
+        (engine.settings(), listing(dir.path())),
+        before,
+        "a check changed something"
+    );
+}

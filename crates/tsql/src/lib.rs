@@ -39,11 +39,7 @@ pub mod lex;
 mod parser;
 pub mod size;
 
-use bpe_core::initial_index_bytes;
-use bpe_core::{
-    check_extension_size, check_max_memory, effective_extension_size, Engine, Error,
-    ExtensionState, Settings,
-};
+use bpe_core::{Engine, Error, ExtensionState, SettingChange};
 use size::{in_largest_unit, MB};
 pub use size::{parse_size, SizeError};
 use std::fmt;
@@ -232,59 +228,30 @@ pub fn run_statements(engine: &Engine, statements: &[Statement]) -> Result<Strin
 /// Checks every statement against the settings the ones before it would leave, changing
 /// nothing. On a refusal: the statement's 0-based index and why.
 pub fn validate(engine: &Engine, statements: &[Statement]) -> Result<(), (usize, Error)> {
-    let mut plan = engine.settings();
-    let current_path = plan.extension.as_ref().map(|e| e.0.clone());
-    let mut turned_off = false;
-    for (i, statement) in statements.iter().enumerate() {
-        let mut step = |plan: &mut Settings| -> bpe_core::Result<()> {
-            match statement {
-                Statement::ExtensionOn { path, size_bytes } => {
-                    let size = *size_bytes;
-                    let new = (
-                        path.clone(),
-                        effective_extension_size(size),
-                        initial_index_bytes(size),
-                    );
-                    match &plan.extension {
-                        Some((p, current, _)) if p == path => {
-                            if effective_extension_size(size) != *current {
-                                check_extension_size(size, plan.max_memory)?;
-                                plan.extension = Some(new);
-                            }
-                        }
-                        Some((p, _, _)) => {
-                            return Err(Error::ExtensionAlreadyEnabled { path: p.clone() })
-                        }
-                        None if turned_off && current_path.as_ref() == Some(path) => {
-                            // The file there now is the one an earlier OFF deletes.
-                            check_extension_size(size, plan.max_memory)?;
-                            plan.extension = Some(new);
-                        }
-                        None => {
-                            engine.validate_extension_with(path, size, plan.max_memory)?;
-                            plan.extension = Some(new);
-                        }
-                    }
-                }
-                Statement::ExtensionOff => {
-                    turned_off |= plan.extension.is_some();
-                    plan.extension = None;
-                }
-                Statement::MaxServerMemory { megabytes } => {
-                    let bytes = megabytes.saturating_mul(MB);
-                    check_max_memory(bytes, plan.extension.as_ref().map_or(0, |e| e.2))?;
-                    plan.max_memory = bytes;
-                }
+    // The engine owns the rules: each statement that changes a setting is asked of it, and a
+    // refusal is reported at the statement's own index.
+    let (at, changes): (Vec<usize>, Vec<SettingChange<'_>>) = statements
+        .iter()
+        .enumerate()
+        .filter_map(|(i, statement)| {
+            let change = match statement {
+                Statement::ExtensionOn { path, size_bytes } => SettingChange::ExtensionOn {
+                    path,
+                    size: *size_bytes,
+                },
+                Statement::ExtensionOff => SettingChange::ExtensionOff,
+                Statement::MaxServerMemory { megabytes } => SettingChange::MaxMemory {
+                    bytes: megabytes.saturating_mul(MB),
+                },
                 Statement::ShowMaxServerMemory
                 | Statement::ShowAdvancedOptions { .. }
                 | Statement::Reconfigure
-                | Statement::DropCleanBuffers => {}
-            }
-            Ok(())
-        };
-        step(&mut plan).map_err(|e| (i, e))?;
-    }
-    Ok(())
+                | Statement::DropCleanBuffers => return None,
+            };
+            Some((i, change))
+        })
+        .unzip();
+    engine.check_changes(&changes).map_err(|(k, e)| (at[k], e))
 }
 
 /// Carries out one statement; returns its status line.
@@ -327,8 +294,7 @@ pub fn execute(engine: &Engine, statement: &Statement) -> bpe_core::Result<Strin
 fn extension_on(engine: &Engine, path: &Path, size: u64) -> bpe_core::Result<String> {
     let status = engine.extension_status();
     if status.state == ExtensionState::Enabled && status.path.as_deref() == Some(path) {
-        // The core rounds the size down to whole regions.
-        if effective_extension_size(size) == status.size_bytes {
+        if engine.extension_has_size(size) {
             return Ok(format!(
                 "Buffer pool extension is already enabled at '{}' with {}; nothing changed.",
                 path.display(),

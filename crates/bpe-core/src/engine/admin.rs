@@ -19,6 +19,21 @@ pub struct Settings {
     pub extension: Option<(PathBuf, u64, u64)>,
 }
 
+/// One change an operator asks of the settings (a statement, an environment variable), for
+/// [`Engine::check_changes`].
+#[derive(Clone, Copy, Debug)]
+pub enum SettingChange<'a> {
+    /// Enable the extension at `path` with `size` bytes (or resize it, if it is enabled there).
+    ExtensionOn {
+        path: &'a Path,
+        size: u64,
+    },
+    ExtensionOff,
+    MaxMemory {
+        bytes: u64,
+    },
+}
+
 /// The size an extension of `size` bytes actually gets (whole regions).
 pub fn effective_extension_size(size: u64) -> u64 {
     crate::extension::effective_size(size)
@@ -78,6 +93,80 @@ impl Engine {
     }
 
     /// The settings now.
+    /// Whether `changes`, carried out in order, would each be accepted, every one checked
+    /// against the settings the ones before it leave; nothing is changed. Err: the index of the
+    /// first change refused, and why. The one owner of these rules: the operator language asks
+    /// the engine instead of deriving them again.
+    pub fn check_changes(
+        &self,
+        changes: &[SettingChange<'_>],
+    ) -> std::result::Result<(), (usize, Error)> {
+        let mut plan = self.settings();
+        let current_path = plan.extension.as_ref().map(|e| e.0.clone());
+        let mut turned_off = false;
+        for (i, change) in changes.iter().enumerate() {
+            self.plan_change(&mut plan, &current_path, &mut turned_off, *change)
+                .map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
+
+    /// One step of `check_changes`: `plan` as the change would leave it.
+    fn plan_change(
+        &self,
+        plan: &mut Settings,
+        current_path: &Option<PathBuf>,
+        turned_off: &mut bool,
+        change: SettingChange<'_>,
+    ) -> Result<()> {
+        match change {
+            SettingChange::ExtensionOn { path, size } => {
+                let new = (
+                    path.to_path_buf(),
+                    effective_extension_size(size),
+                    initial_index_bytes(size),
+                );
+                match &plan.extension {
+                    Some((p, current, _)) if p == path => {
+                        if effective_extension_size(size) != *current {
+                            check_extension_size(size, plan.max_memory)?;
+                            plan.extension = Some(new);
+                        }
+                    }
+                    Some((p, _, _)) => {
+                        return Err(Error::ExtensionAlreadyEnabled { path: p.clone() })
+                    }
+                    None if *turned_off && current_path.as_deref() == Some(path) => {
+                        // The file there now is the one an earlier OFF deletes.
+                        check_extension_size(size, plan.max_memory)?;
+                        plan.extension = Some(new);
+                    }
+                    None => {
+                        self.validate_extension_with(path, size, plan.max_memory)?;
+                        plan.extension = Some(new);
+                    }
+                }
+            }
+            SettingChange::ExtensionOff => {
+                *turned_off |= plan.extension.is_some();
+                plan.extension = None;
+            }
+            SettingChange::MaxMemory { bytes } => {
+                check_max_memory(bytes, plan.extension.as_ref().map_or(0, |e| e.2))?;
+                plan.max_memory = bytes;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether an extension of `size` bytes is the size of the one enabled now (sizes are
+    /// rounded down to whole regions): enabling it again at its path changes nothing.
+    pub fn extension_has_size(&self, size: u64) -> bool {
+        self.settings()
+            .extension
+            .is_some_and(|(_, current, _)| current == effective_extension_size(size))
+    }
+
     pub fn settings(&self) -> Settings {
         Settings {
             max_memory: self.max_memory(),

@@ -18,7 +18,9 @@ mod observe;
 mod prefetch;
 mod warm;
 
-pub use admin::{check_extension_size, check_max_memory, effective_extension_size, Settings};
+pub use admin::{
+    check_extension_size, check_max_memory, effective_extension_size, SettingChange, Settings,
+};
 pub use data_path::{PageRead, PinnedPage, Via};
 pub use lifecycle::{ExtensionState, ExtensionStatus};
 pub use observe::BufferDescriptor;
