@@ -18,6 +18,7 @@
 //!
 //! Journals and WAL files of such a database are the base VFS's too, behind plain forwarding.
 
+use super::file::{close_real, page_shaped};
 use super::unix_file::{unix, UnixFile};
 use crate::api;
 use crate::ffi::guard;
@@ -177,18 +178,6 @@ fn source_id(base: &str, path: &Path) -> u64 {
         .or_insert(next)
 }
 
-/// # Safety
-/// `real` is a base VFS's file object, closed at most once after this.
-unsafe fn close_real(real: *mut sqlite3_file) -> c_int {
-    // SAFETY: forwarded contract.
-    unsafe {
-        match (*real).pMethods.as_ref().and_then(|m| m.xClose) {
-            Some(close) => close(real),
-            None => SQLITE_OK,
-        }
-    }
-}
-
 /// The snapshot the base VFS says `real`'s connection reads now, if it names one.
 fn snapshot_name(real: *mut sqlite3_file) -> Option<u64> {
     SNAPSHOT_PRAGMAS.iter().find_map(|pragma| {
@@ -321,11 +310,6 @@ unsafe extern "C" fn close(f: *mut sqlite3_file) -> c_int {
         // SAFETY: the base file is open and closed exactly once here.
         unsafe { close_real(conn.real.ptr()) }
     })
-}
-
-fn page_shaped(amt: c_int, off: i64) -> bool {
-    let amt = amt as i64;
-    (512..=65536).contains(&amt) && (amt as u64).is_power_of_two() && off % amt == 0
 }
 
 unsafe extern "C" fn read(f: *mut sqlite3_file, buf: *mut c_void, amt: c_int, off: i64) -> c_int {

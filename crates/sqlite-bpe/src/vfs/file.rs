@@ -169,8 +169,11 @@ pub unsafe fn install(f: *mut sqlite3_file, conn: Conn) {
     }
 }
 
+/// Closes the file underneath ours (the unix VFS's, or a base VFS's: `base_file.rs`); one
+/// whose open failed and left no methods is nothing to close.
+///
 /// # Safety
-/// `real` is an open unix file, closed exactly once.
+/// `real` is such a file, closed exactly once.
 pub unsafe fn close_real(real: *mut sqlite3_file) -> c_int {
     // SAFETY: forwarded contract.
     unsafe {
@@ -230,7 +233,7 @@ macro_rules! method {
     };
 }
 
-fn page_shaped(amt: c_int, off: i64) -> bool {
+pub(super) fn page_shaped(amt: c_int, off: i64) -> bool {
     let amt = amt as i64;
     (512..=65536).contains(&amt) && (amt as u64).is_power_of_two() && off % amt == 0
 }
