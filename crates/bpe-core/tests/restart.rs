@@ -355,3 +355,68 @@ fn a_clean_close_writes_the_pages_still_queued_before_its_checkpoint() {
         "{written} of {PAGES} pages written before the close, {restored} restored"
     );
 }
+
+/// Issue 27, item 5: private, then shared, then private use of one extension path. The shared
+/// engines rewrite the ring with another file's pages; the private checkpoint written before
+/// must not come back over them (its entries would point at the other file's bytes: checksum
+/// failures on every read, and an extension switched off after enough of them).
+#[test]
+fn a_shared_use_of_the_path_voids_the_private_checkpoint_before_it() {
+    let dir = tempdir();
+    let data = settled_file(dir.path(), "data");
+    let other = dir.path().join("other");
+    // Another file that fills the shared ring. A test page ends in its own CRC, which gives
+    // every one the same CRC residue; a byte of its own makes each page's checksum its own, as
+    // real pages' are.
+    let other_page = |p: u64| {
+        let mut b = page_bytes(p, 1, PAGE);
+        b[100] ^= 0xff;
+        b
+    };
+    std::fs::write(
+        &other,
+        (0..4 * PAGES).flat_map(other_page).collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(60));
+    let ext = dir.path().join("ext.bpe");
+    fill_and_close(&data, &ext);
+
+    {
+        let shared = Engine::new(bpe_core::Config {
+            max_memory: MEMORY,
+            shared_extension: true,
+            ..bpe_core::Config::default()
+        });
+        shared.enable_extension(&ext, EXT).unwrap();
+        let g = shared.open_file(&other, PAGE).unwrap();
+        // Twice round a 16 MiB ring: every region the checkpoint named is rewritten.
+        for round in 0..2 {
+            for p in 0..4 * PAGES {
+                let (bytes, _) = read(&shared, &g, p);
+                assert!(bytes == other_page(p), "round {round} page {p}");
+            }
+            shared.drop_clean_buffers();
+        }
+        assert!(shared.wait_for_extension_writes(WAIT));
+        assert!(shared.wait_for_readahead(WAIT));
+    }
+
+    let (engine, f) = restart(&data, &ext);
+    for p in 0..PAGES {
+        let (bytes, _) = read(&engine, &f, p);
+        assert_eq!(decode(&bytes), Some((p, 0)), "page {p}");
+    }
+    let c = engine.counters();
+    assert_eq!(
+        c.ext_checksum_failures, 0,
+        "the private checkpoint from before the shared use was restored over the shared ring \
+         ({} pages restored)",
+        c.ext_pages_restored
+    );
+    assert_eq!(c.ext_pages_restored, 0);
+    assert_eq!(
+        engine.extension_status().state,
+        bpe_core::ExtensionState::Enabled
+    );
+}

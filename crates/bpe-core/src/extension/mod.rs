@@ -261,6 +261,12 @@ impl Extension {
             waiting_files: AtomicUsize::new(0),
             shared,
         });
+        if ext.is_shared() {
+            // Shared writers rewrite the ring and keep no checkpoint: one a private extension
+            // left here would, at the next private take-over, name pages its regions no longer
+            // hold (issue 27, item 5).
+            ext.void_checkpoints();
+        }
         writer::spawn(ext.clone(), rx, ext.writer_done.clone(), reused);
         Ok(ext)
     }

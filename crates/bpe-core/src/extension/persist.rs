@@ -305,7 +305,7 @@ impl Extension {
     }
 
     /// Overwrites both slots' headers: the next process starts cold.
-    fn void_checkpoints(&self) {
+    pub(super) fn void_checkpoints(&self) {
         let blank = crate::io::AlignedBuf::new(4096);
         for slot in 0..2u64 {
             let _ = self

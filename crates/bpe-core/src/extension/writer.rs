@@ -187,6 +187,17 @@ impl Writer {
             batch.clear();
             return;
         }
+        if let (Some(index), Some(claim), true) = (ext.shared(), self.claim, self.fill > 0) {
+            // A recovery since the last batch voided the claim, and another process may have
+            // claimed the region and filled it since: never write into it again (issue 27,
+            // item 6). The batch waits for the next region. (A recovery between this check and
+            // the write is still possible: the reads' crc check makes that a miss.)
+            if !index.holds_claim(claim) {
+                self.claim = None;
+                self.next_region();
+                return;
+            }
+        }
         // Largest first: each page then starts at a multiple of its own size (or of 4 KiB).
         batch.sort_by_key(|s| std::cmp::Reverse(s.frame.data.len()));
         let mut placed = 0;

@@ -657,6 +657,12 @@ impl SharedIndex {
         Some(indexed)
     }
 
+    /// The claim still stands: no recovery voided it (checked before each write into its
+    /// region after the first).
+    pub fn holds_claim(&self, claim: Claim) -> bool {
+        self.lock().is_some_and(|g| self.holds(&g.tables, claim))
+    }
+
     fn holds(&self, t: &Tables<'_>, claim: Claim) -> bool {
         let r = &t.regions[claim.region];
         r.state == FILLING && r.owner as usize == self.me && r.epoch == claim.epoch

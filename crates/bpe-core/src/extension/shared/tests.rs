@@ -622,3 +622,72 @@ fn a_forget_while_a_file_is_being_bound_is_not_lost() {
     assert!(me.between_bind_and_record.lock().unwrap().is_none());
     assert_eq!(me.locate(key), None, "page 1 was forgotten");
 }
+
+/// Issue 27 (6): a recovery voids every claim. An engine's writer that claimed a region before
+/// it must not write into the region again: another process may have claimed it since and
+/// filled it, and those bytes are what its entries point at. (Before the fix, the writer found
+/// out only at `publish`, after it had written.)
+#[test]
+fn a_writer_whose_claim_a_recovery_voided_never_writes_into_the_region_again() {
+    use crate::extension::{checkpoint::regions_for, effective_size, REGION_BYTES};
+    use std::os::unix::fs::FileExt;
+    const SIZE: u64 = 16 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let page = |p: u64| -> Vec<u8> { (0..4096u64).map(|i| (p * 131 + i * 7) as u8).collect() };
+    std::fs::write(&data, (0..4096).flat_map(page).collect::<Vec<u8>>()).unwrap();
+    let ext = dir.path().join("ext.bpe");
+    let a = crate::Engine::new(crate::Config {
+        max_memory: 4 << 20,
+        shared_extension: true,
+        ..crate::Config::default()
+    });
+    a.enable_extension(&ext, SIZE).unwrap();
+    let f = a.open_file(&data, 4096).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // Out of order (no readahead): pages 0..8 are admitted, written into the region the writer
+    // claims (the ring's first), which it goes on filling.
+    for p in [5u64, 0, 7, 2, 4, 1, 6, 3].map(|i| i * 397 % 4096) {
+        a.read_page(&f, p, &mut buf).unwrap();
+    }
+    assert!(a.wait_for_extension_writes(std::time::Duration::from_secs(10)));
+    let geometry = Geometry::new(regions_for(effective_size(SIZE)), REGION_BYTES);
+
+    // A third participant dies holding the lock: the next locker recovers, voiding every claim.
+    let x = SharedIndex::attach(&ext, geometry).unwrap();
+    die_after_store(1, || {
+        x.bind(stamp(77, 100, false));
+    });
+    // Another participant then claims round the ring to the first region and fills it.
+    let b = SharedIndex::attach(&ext, geometry).unwrap();
+    let claim = loop {
+        let c = b.claim_region().expect("a region to claim");
+        if c.region == 0 {
+            break c;
+        }
+        b.seal(c);
+    };
+    assert_eq!(b.stats().recoveries, 1);
+    let marker = vec![0xA5u8; REGION_BYTES as usize];
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .read(true)
+        .open(&ext)
+        .unwrap();
+    file.write_all_at(&marker, 0).unwrap();
+    file.sync_all().unwrap();
+
+    // The engine's writer gets more pages.
+    for p in [13u64, 8, 15, 10, 12, 9, 14, 11].map(|i| i * 397 % 4096) {
+        a.read_page(&f, p, &mut buf).unwrap();
+    }
+    assert!(a.wait_for_extension_writes(std::time::Duration::from_secs(10)));
+    let mut region = vec![0u8; REGION_BYTES as usize];
+    file.read_exact_at(&mut region, 0).unwrap();
+    let overwritten = region.iter().zip(&marker).filter(|(x, y)| x != y).count();
+    assert_eq!(
+        overwritten, 0,
+        "{overwritten} bytes of the region another participant holds were overwritten"
+    );
+    b.seal(claim);
+}
