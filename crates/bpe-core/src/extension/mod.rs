@@ -683,6 +683,19 @@ impl Extension {
         }
     }
 
+    /// A shared extension's stand-in for a checkpoint: the stamps this process's change
+    /// detection verified its files at (never racy when read) vouch for their entries to the
+    /// next process that binds them (issue 27, item 2: a write's own stamp is within a clock
+    /// tick of it, so it never could). A stamp older than the file's moves nothing: the next
+    /// binder sees the file's newer stamp and starts it afresh.
+    pub fn vouch_shared(&self, vouched: &Vouched) {
+        if let Some(s) = &self.shared {
+            for v in &vouched.files {
+                s.vouch_verified(v.key, v.stamp);
+            }
+        }
+    }
+
     /// Drops every copy of pages of `file` from `first_page` on (all files if None). A shared
     /// extension forgets the whole file, for every process.
     pub fn invalidate_where(&self, file: Option<FileKey>, first_page: u64) {
@@ -751,7 +764,9 @@ impl Extension {
         }
         if let Some(s) = &self.shared {
             // The shared memory stays with the file when this is the last process: the next
-            // one to share it starts warm (its bindings check every file's stamp).
+            // one to share it starts warm (its bindings check every file's stamp against the
+            // one vouched for).
+            self.vouch_shared(&vouched);
             s.index.detach(true, || {});
             self.file.file().unlock();
             return;

@@ -160,9 +160,14 @@ impl Writer {
     /// Adoptions asked for, and a checkpoint when one is due.
     fn between_batches(&mut self) {
         self.ext.run_chores();
-        // A shared extension's index lives on in shared memory, not in checkpoints.
-        if !self.ext.is_shared() && self.last_checkpoint.elapsed() >= self.checkpoint_interval {
-            self.ext.checkpoint_if_changed();
+        if self.last_checkpoint.elapsed() >= self.checkpoint_interval {
+            if self.ext.is_shared() {
+                // Its index lives on in shared memory; what a checkpoint's file list does
+                // for a private one, vouching does for it.
+                self.ext.vouch_shared(&self.ext.host.vouched_files());
+            } else {
+                self.ext.checkpoint_if_changed();
+            }
             self.last_checkpoint = Instant::now();
         }
     }

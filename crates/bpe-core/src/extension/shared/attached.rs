@@ -155,6 +155,14 @@ impl Attached {
         }
     }
 
+    /// The file under local `key` was verified at `stamp`, a stamp read clear of the racy
+    /// window (see `Extension::vouch_shared`).
+    pub fn vouch_verified(&self, key: FileKey, stamp: crate::io::FileStamp) {
+        if let Some(f) = self.bound(key) {
+            self.index.vouch(f, KnownStamp { stamp, racy: false });
+        }
+    }
+
     /// Forgets every page of the file under `key` (all bound files if None), for every process.
     pub fn forget(&self, key: Option<FileKey>) {
         let forgotten: Vec<SharedFile> = {
