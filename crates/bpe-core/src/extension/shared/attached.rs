@@ -165,16 +165,16 @@ impl Attached {
 
     /// Forgets every page of the file under `key` (all bound files if None), for every process.
     pub fn forget(&self, key: Option<FileKey>) {
-        let forgotten: Vec<SharedFile> = {
+        let forgotten: Vec<(SharedFile, FileIdentity)> = {
             let mut b = self.bindings.write();
             self.forgets.fetch_add(1, SeqCst);
             match key {
-                Some(k) => b.remove(&k).into_iter().map(|b| b.0).collect(),
-                None => b.drain().map(|(_, b)| b.0).collect(),
+                Some(k) => b.remove(&k).into_iter().collect(),
+                None => b.drain().map(|(_, b)| b).collect(),
             }
         };
-        for f in forgotten {
-            self.index.forget_file(f);
+        for (f, id) in forgotten {
+            self.index.forget_file(f, id);
         }
     }
 

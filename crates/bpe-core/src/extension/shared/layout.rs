@@ -250,6 +250,7 @@ impl IndexStore for Tables<'_> {
         self.buckets
     }
     fn buckets_mut(&mut self) -> &mut [u32] {
+        super::stored();
         self.buckets
     }
     fn region(&self, region: usize) -> &[Entry] {
@@ -257,6 +258,7 @@ impl IndexStore for Tables<'_> {
         &self.entries[region * MAX_PER_REGION..][..n]
     }
     fn region_mut(&mut self, region: usize) -> &mut [Entry] {
+        super::stored();
         let n = self.regions[region].entries as usize;
         &mut self.entries[region * MAX_PER_REGION..][..n]
     }
@@ -266,11 +268,14 @@ impl IndexStore for Tables<'_> {
             return false;
         }
         self.entries[region * MAX_PER_REGION + n] = entry;
+        super::stored();
         self.regions[region].entries += 1;
+        super::stored();
         true
     }
     fn truncate(&mut self, region: usize) {
         self.regions[region].entries = 0;
+        super::stored();
     }
     fn region_bytes(&self) -> u64 {
         self.region_bytes
@@ -283,6 +288,8 @@ impl IndexStore for Tables<'_> {
     }
     fn count(&mut self, entries: isize, bytes: i64) {
         self.totals.len = self.totals.len.wrapping_add_signed(entries as i64);
+        super::stored();
         self.totals.live_bytes = self.totals.live_bytes.wrapping_add_signed(bytes);
+        super::stored();
     }
 }

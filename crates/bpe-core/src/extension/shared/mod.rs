@@ -67,20 +67,26 @@ const fn participant_byte(slot: usize) -> u64 {
 /// Held while attaching and detaching.
 const ADMIN_BYTE: u64 = 1 + MAX_PARTICIPANTS as u64;
 
-/// The store a test's forked child dies after (0: none); see [`stored`].
+/// The store a test's forked child dies after (0: none), counted from the child's start; see
+/// [`stored`].
 #[cfg(test)]
 static CRASH_AT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+#[cfg(test)]
+static STORES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-/// Store `n` of a change made under the lock is done. A test's forked child may die here, as a
-/// SIGKILLed process would: the change half made, the lock held by a dead process.
+/// A store to the shared tables is done (called after each one made under the lock, and
+/// before each handing out of a table to write into). A test's forked child may die here, as
+/// a SIGKILLed process would: the change half made, the lock held by a dead process.
 #[inline(always)]
-fn stored(n: u32) {
+fn stored() {
     #[cfg(test)]
-    if CRASH_AT.load(Ordering::Relaxed) == n {
-        // SAFETY: ends the forked (single-threaded) test child at once, running nothing else.
-        unsafe { libc::_exit(0) };
+    {
+        let at = CRASH_AT.load(Ordering::Relaxed);
+        if at != 0 && STORES.fetch_add(1, Ordering::Relaxed) + 1 == at {
+            // SAFETY: ends the forked (single-threaded) test child at once, running nothing else.
+            unsafe { libc::_exit(0) };
+        }
     }
-    let _ = n;
 }
 
 pub use crate::page::SharedFile;
@@ -429,11 +435,11 @@ impl SharedIndex {
         let f = &mut t.files[slot];
         // Separate stores, any of which a process may die after (see `Tables::recover`).
         f.dev = id.dev;
-        stored(1);
+        stored();
         f.ino = id.ino;
-        stored(2);
+        stored();
         f.key = key;
-        stored(3);
+        stored();
         record_stamp(f, stamp);
         Some(SharedFile {
             slot: slot as u32,
@@ -505,22 +511,31 @@ impl SharedIndex {
         }
     }
 
-    /// Forgets every page of the file, for every process (a truncation, a change nobody can
-    /// attribute). Returns its new name.
-    pub fn forget_file(&self, file: SharedFile) -> Option<SharedFile> {
+    /// Forgets every page of the file `id` (named `file` when this process bound it), for every
+    /// process (a truncation, a change nobody can attribute). Returns its new name. The file is
+    /// found by identity, as `invalidate` finds it: another process may have moved the key on
+    /// since this one bound it, and the change must reach the current key (the simulation in
+    /// sim.rs served a stale page when a forget under an old name did nothing).
+    pub fn forget_file(&self, file: SharedFile, id: FileIdentity) -> Option<SharedFile> {
         let mut g = self.lock()?;
         let t = &mut g.tables;
-        if t.files[file.slot as usize].key != file.key {
-            return None;
-        }
+        let slot = self.slot_of(t, file, id)?;
         let key = new_key(t);
-        let f = &mut t.files[file.slot as usize];
+        let f = &mut t.files[slot as usize];
         f.key = key;
+        stored();
         f.vouched = 0;
-        Some(SharedFile {
-            slot: file.slot,
-            key,
-        })
+        stored();
+        Some(SharedFile { slot, key })
+    }
+
+    /// The slot that holds file `id`: the one `file` names if it still does, else any.
+    fn slot_of(&self, t: &Tables<'_>, file: SharedFile, id: FileIdentity) -> Option<u32> {
+        let holds = |f: &layout::FileSlot| f.key != 0 && (f.dev, f.ino) == (id.dev, id.ino);
+        match holds(&t.files[file.slot as usize]) {
+            true => Some(file.slot),
+            false => t.files.iter().position(holds).map(|s| s as u32),
+        }
     }
 
     fn stripe(&self, file: SharedFile, page: u64) -> &AtomicU64 {
@@ -544,12 +559,7 @@ impl SharedIndex {
             return; // nobody can look anything up either
         };
         let t = &mut g.tables;
-        let holds = |f: &layout::FileSlot| f.key != 0 && (f.dev, f.ino) == (id.dev, id.ino);
-        let slot = match holds(&t.files[file.slot as usize]) {
-            true => Some(file.slot),
-            false => t.files.iter().position(holds).map(|s| s as u32),
-        };
-        let Some(slot) = slot else {
+        let Some(slot) = self.slot_of(t, file, id) else {
             return; // not in the table: nothing of it is cached
         };
         let named = SharedFile {
@@ -559,6 +569,7 @@ impl SharedIndex {
         // Under the lock, before the removal: a publication either sees the new epoch, or
         // came first and is removed here.
         self.stripe(named, page).fetch_add(1, Ordering::SeqCst);
+        stored();
         t.remove(PageKey::new(named.key, page));
     }
 
@@ -615,11 +626,16 @@ impl SharedIndex {
             let evicted = g.tables.clear_region(r);
             let slot = &mut g.tables.regions[r];
             slot.state = FILLING;
+            stored();
             slot.owner = self.me as u32;
+            stored();
             slot.owner_pid = self.pid;
+            stored();
             slot.epoch += 1;
+            stored();
             let epoch = slot.epoch;
             g.tables.totals.ring_head = ((r + 1) % regions) as u64;
+            stored();
             return Some(Claim {
                 region: r,
                 epoch,
@@ -673,6 +689,7 @@ impl SharedIndex {
         if let Some(g) = self.lock() {
             if self.holds(&g.tables, claim) {
                 g.tables.regions[claim.region].state = FULL;
+                stored();
             }
         }
     }
@@ -765,13 +782,13 @@ fn random_id() -> u64 {
 fn record_stamp(f: &mut layout::FileSlot, stamp: KnownStamp) {
     let s = stamp.stamp;
     f.size = s.size;
-    stored(4);
+    stored();
     f.mtime_ns = s.mtime_ns;
-    stored(5);
+    stored();
     f.ctime_ns = s.ctime_ns;
-    stored(6);
+    stored();
     f.vouched = u32::from(!stamp.racy);
-    stored(7);
+    stored();
 }
 
 /// A key never used in this segment. Near the end of the key space the index is emptied and
@@ -786,8 +803,11 @@ fn new_key(t: &mut Tables<'_>) -> FileKey {
     }
     let key = t.totals.next_key as FileKey;
     t.totals.next_key += 1;
+    stored();
     key
 }
 
+#[cfg(test)]
+mod sim;
 #[cfg(test)]
 mod tests;

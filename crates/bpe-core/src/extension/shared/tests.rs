@@ -7,23 +7,23 @@ use crate::io::FileStamp;
 
 const REGION: u64 = crate::config::EXTENSION_BATCH_BYTES as u64;
 
-struct Setup {
+pub(super) struct Setup {
     _dir: tempfile::TempDir,
-    path: PathBuf,
+    pub(super) path: PathBuf,
 }
 
-fn setup() -> Setup {
+pub(super) fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ext.bpe");
     std::fs::write(&path, b"").unwrap();
     Setup { _dir: dir, path }
 }
 
-fn geometry() -> Geometry {
+pub(super) fn geometry() -> Geometry {
     Geometry::new(4, REGION)
 }
 
-fn stamp(ino: u64, mtime_ns: i64, racy: bool) -> KnownStamp {
+pub(super) fn stamp(ino: u64, mtime_ns: i64, racy: bool) -> KnownStamp {
     KnownStamp {
         stamp: FileStamp {
             identity: FileIdentity { dev: 1, ino },
@@ -124,7 +124,7 @@ fn a_write_voids_an_admission_read_before_it_and_removes_one_made_after() {
     assert_eq!(a.lookup(f, 5), Found::Miss, "a later write removes it");
     // Other pages are untouched (unless they share a stripe: then conservatively refused).
     assert_eq!(admit(&a, claim, f, 6, a.epoch(f, 6)), 1);
-    b.forget_file(f).unwrap();
+    b.forget_file(f, id).unwrap();
     assert_eq!(a.lookup(f, 6), Found::Moved);
 }
 
@@ -415,12 +415,14 @@ fn a_slot_given_to_another_file_is_never_followed_into_or_invalidated_through() 
 }
 
 /// Runs `change` in a forked child that dies, as a SIGKILLed process would, right after store
-/// `at` of a change it makes under the lock (see `stored`): the lock is left held by a dead
-/// process, the change half made. Returns once the child is gone.
-fn die_after_store(at: u32, change: impl FnOnce()) {
+/// `at` of the changes it makes under the lock (see `stored`): the lock is left held by a dead
+/// process, the change half made. Returns once the child is gone: whether it died so (false:
+/// the change made fewer stores, and the child finished it and exited).
+pub(super) fn die_after_store(at: u32, change: impl FnOnce()) -> bool {
     // SAFETY: the child only makes the change (locked stores, no allocation) and exits.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
+        STORES.store(0, Ordering::Relaxed);
         CRASH_AT.store(at, Ordering::Relaxed);
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(change));
         // SAFETY: ends the child without running the parent's destructors.
@@ -430,9 +432,10 @@ fn die_after_store(at: u32, change: impl FnOnce()) {
     // SAFETY: waits for the child just forked.
     unsafe { libc::waitpid(pid, &mut status, 0) };
     assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "the child did not die after store {at}"
+        libc::WIFEXITED(status),
+        "the child did not exit: {status:#x}"
     );
+    libc::WEXITSTATUS(status) == 0
 }
 
 /// A process that has been watching one data file, as `Attached` does: it reads under its
@@ -513,7 +516,7 @@ impl Watcher {
 #[test]
 fn a_death_halfway_through_binding_a_slot_never_serves_a_stale_page() {
     let f = stamp(1, 100, false);
-    for at in 1..=7 {
+    for at in 1..=8 {
         let s = setup();
         let mut reader = Watcher::new(&s.path, f);
         let mut writer = Watcher::new(&s.path, f);
@@ -522,9 +525,10 @@ fn a_death_halfway_through_binding_a_slot_never_serves_a_stale_page() {
             writer.index.bind(stamp(ino, 100, false)).unwrap();
         }
         // A third process opens file 5000: f's slot (the oldest key) goes to it, and it dies.
-        die_after_store(at, || {
+        let died = die_after_store(at, || {
             writer.index.bind(stamp(5000, 100, false));
         });
+        assert!(died, "the child did not die after store {at}");
         // The reader misses (the index was emptied) and admits page 3 again; the writer writes it.
         assert_eq!(reader.lookup(3), None, "store {at}: the index was emptied");
         reader.read_and_admit(3, 0);
@@ -655,9 +659,9 @@ fn a_writer_whose_claim_a_recovery_voided_never_writes_into_the_region_again() {
 
     // A third participant dies holding the lock: the next locker recovers, voiding every claim.
     let x = SharedIndex::attach(&ext, geometry).unwrap();
-    die_after_store(1, || {
+    assert!(die_after_store(1, || {
         x.bind(stamp(77, 100, false));
-    });
+    }));
     // Another participant then claims round the ring to the first region and fills it.
     let b = SharedIndex::attach(&ext, geometry).unwrap();
     let claim = loop {
