@@ -148,6 +148,9 @@ pub struct Gauges {
     /// Times a participant found the shared index's lock left by a dead holder and emptied the
     /// index (since the shared memory was made).
     pub ext_shared_recoveries: u64,
+    /// Times this process's bounded wait for the shared index's lock gave up (its holder was
+    /// stopped or descheduled): a miss, or an invalidation whose removal waited.
+    pub ext_shared_lock_timeouts: u64,
     pub buffered_data_files: u64,
 }
 
@@ -193,6 +196,7 @@ pub struct CounterSnapshot {
     pub ext_shared_processes: u64,
     pub ext_shared_index_bytes: u64,
     pub ext_shared_recoveries: u64,
+    pub ext_shared_lock_timeouts: u64,
     pub ext_bytes_written: u64,
     pub ext_sequential_write_percent: u64,
     pub ext_admissions_dropped: u64,
@@ -248,6 +252,7 @@ impl CounterSnapshot {
             ext_shared_processes: g.ext_shared_processes,
             ext_shared_index_bytes: g.ext_shared_index_bytes,
             ext_shared_recoveries: g.ext_shared_recoveries,
+            ext_shared_lock_timeouts: g.ext_shared_lock_timeouts,
             ext_bytes_written: l(&c.ext_bytes_written),
             ext_sequential_write_percent: (l(&c.ext_sequential_write_pages) * 100)
                 .checked_div(ext_writes)
@@ -362,6 +367,11 @@ impl CounterSnapshot {
                 "Extension shared recoveries",
                 self.ext_shared_recoveries,
                 Gauge,
+            ),
+            r(
+                "Extension shared lock timeouts",
+                self.ext_shared_lock_timeouts,
+                Cumulative,
             ),
             r(
                 "Extension bytes written",

@@ -98,7 +98,11 @@ impl Worker {
             .unwrap();
         let index = SharedIndex::attach(ext, geometry()).unwrap();
         flock(&data, libc::LOCK_SH);
-        let file = index.bind(stamp(&data)).unwrap();
+        // A bounded wait for the lock may give up while others hold it: try again.
+        let file = std::iter::repeat_with(|| index.bind(stamp(&data)))
+            .flatten()
+            .next()
+            .unwrap();
         flock(&data, libc::LOCK_UN);
         Worker {
             ext: OpenOptions::new().read(true).write(true).open(ext).unwrap(),
@@ -173,13 +177,18 @@ impl Worker {
             }
             Found::Moved => {
                 let id = FileStamp::of_metadata(&self.data.metadata().unwrap()).identity;
-                self.file = match self.index.follow(self.file, id) {
-                    Some(f) => f,
-                    None => self.index.bind(stamp(&self.data)).unwrap(),
-                };
+                // (A bounded wait for the lock may give up: the name stays, and moves next time.)
+                if let Some(f) = self
+                    .index
+                    .follow(self.file, id)
+                    .or_else(|| self.index.bind(stamp(&self.data)))
+                {
+                    self.file = f;
+                }
             }
             Found::Miss => {
-                let epoch = self.index.epoch(self.file, page);
+                let id = FileStamp::of_metadata(&self.data.metadata().unwrap()).identity;
+                let epoch = self.index.epoch(id, page);
                 let bytes = self.read_data(page);
                 self.staged.push((page, epoch, bytes));
             }

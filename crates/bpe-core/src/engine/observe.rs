@@ -61,6 +61,7 @@ impl Engine {
             ext_shared_processes: shared.as_ref().map_or(0, |s| s.participants as u64),
             ext_shared_index_bytes: shared.as_ref().map_or(0, |s| s.resident_bytes),
             ext_shared_recoveries: shared.as_ref().map_or(0, |s| s.recoveries),
+            ext_shared_lock_timeouts: shared.as_ref().map_or(0, |s| s.lock_timeouts),
             buffered_data_files: files
                 .iter()
                 .filter(|f| f.openers > 0 && !f.direct_io)

@@ -213,6 +213,34 @@ impl RobustMutex {
         }
     }
 
+    /// Locks it if that takes at most `wait` (None if not). `Err` as for [`lock`](Self::lock).
+    pub fn lock_within(&self, wait: std::time::Duration) -> std::io::Result<Option<Locked>> {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: writes the current time into `now`, a valid timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
+        let nanos = now.tv_nsec as u64 + wait.subsec_nanos() as u64;
+        let deadline = libc::timespec {
+            tv_sec: now.tv_sec
+                + wait.as_secs() as libc::time_t
+                + (nanos / 1_000_000_000) as libc::time_t,
+            tv_nsec: (nanos % 1_000_000_000) as _,
+        };
+        // SAFETY: as in `lock`; the deadline is a valid absolute CLOCK_REALTIME time.
+        match unsafe { libc::pthread_mutex_timedlock(self.inner.get(), &deadline) } {
+            0 => Ok(Some(Locked::Clean)),
+            libc::ETIMEDOUT => Ok(None),
+            libc::EOWNERDEAD => {
+                // SAFETY: this thread holds the mutex (EOWNERDEAD returns it locked).
+                unsafe { libc::pthread_mutex_consistent(self.inner.get()) };
+                Ok(Some(Locked::OwnerDied))
+            }
+            rc => Err(std::io::Error::from_raw_os_error(rc)),
+        }
+    }
+
     /// Unlocks it; only by the thread that locked it.
     pub fn unlock(&self) {
         // SAFETY: called by the holder (the guard that locked it), once.

@@ -103,7 +103,7 @@ impl Attached {
         let shared = self.bind(file, key.file)?;
         Some(SharedRead {
             file: shared,
-            epoch: self.index.epoch(shared, key.page),
+            epoch: self.index.epoch(file.identity(), key.page),
             attachment: self.id,
         })
     }
@@ -143,9 +143,12 @@ impl Attached {
 
     /// Invalidates the page for every process (before and after this process writes it).
     pub fn invalidate(&self, file: &FileHandle, key: PageKey) {
-        if let Some(f) = self.bind(file, key.file) {
-            self.index.invalidate(f, key.page, file.identity());
-        }
+        // The name is a hint (the file is found by identity): a binding the lock's holder keeps
+        // from being made now never keeps the invalidation from being made.
+        let hint = self
+            .bind(file, key.file)
+            .unwrap_or(SharedFile { slot: 0, key: 0 });
+        self.index.invalidate(hint, key.page, file.identity());
     }
 
     /// After this process's own write: the file's stamp now vouches for its entries.

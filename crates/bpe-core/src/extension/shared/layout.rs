@@ -7,6 +7,7 @@
 //!   files[1024]        (dev, ino) -> current key and the stamp that vouches for it   [locked]
 //!   regions[R]         state, owner, epoch, entry count                              [locked]
 //!   stripes[16384]     write epochs, read without the lock                           [atomic]
+//!   pending[16384]     invalidations not yet applied under the lock                  [atomic]
 //!   buckets[B]         the page table (see index.rs)                                 [locked]
 //!   entries[R x 1024]  each region's entries in write order                          [locked]
 //! ```
@@ -19,7 +20,7 @@ use crate::io::shared_memory::RobustMutex;
 use std::sync::atomic::AtomicU64;
 
 /// The layout's version and kind; a segment with another value is not ours or not this build's.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"BPESHX02");
+pub const MAGIC: u64 = u64::from_le_bytes(*b"BPESHX03");
 pub const MAX_PARTICIPANTS: usize = 64;
 pub const MAX_FILES: usize = 1024;
 pub const STRIPES: usize = 1 << 14;
@@ -113,6 +114,7 @@ pub struct Layout {
     files: usize,
     regions: usize,
     pub stripes: usize,
+    pub pending: usize,
     buckets: usize,
     entries: usize,
     pub len: usize,
@@ -133,6 +135,7 @@ impl Layout {
         let files = place::<FileSlot>(&mut at, MAX_FILES);
         let region_slots = place::<RegionSlot>(&mut at, regions);
         let stripes = place::<AtomicU64>(&mut at, STRIPES);
+        let pending = place::<AtomicU64>(&mut at, STRIPES);
         let buckets = place::<u32>(&mut at, geometry.buckets as usize);
         let entries = place::<Entry>(&mut at, regions * MAX_PER_REGION);
         Layout {
@@ -142,6 +145,7 @@ impl Layout {
             files,
             regions: region_slots,
             stripes,
+            pending,
             buckets,
             entries,
             len: at.next_multiple_of(4096),

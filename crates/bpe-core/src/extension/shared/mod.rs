@@ -137,6 +137,8 @@ pub struct SharedStats {
     pub bytes: u64,
     pub participants: usize,
     pub recoveries: u64,
+    /// Times this process's bounded wait for the lock gave up (see [`LOCK_WAIT`]).
+    pub lock_timeouts: u64,
     /// RAM the shared memory takes (once for all processes).
     pub resident_bytes: u64,
 }
@@ -150,7 +152,22 @@ pub struct SharedIndex {
     pid: u32,
     /// Set if the mutex can never be taken again; every call then misses or refuses.
     broken: AtomicBool,
+    /// Invalidations made while another process held the lock too long (stopped, say): applied
+    /// at this process's next lock, hidden from lookups until then (see `invalidate`).
+    deferred: crate::sync::Mutex<Vec<(SharedFile, u64, FileIdentity)>>,
+    /// Times a bounded wait for the lock gave up (a miss, or a deferred invalidation).
+    lock_timeouts: AtomicU64,
+    /// Until when (ms since `started`) a holder is taken to be stalled: bounded waits then
+    /// only try the lock, so that a stopped holder costs each lookup nothing more.
+    stalled_until_ms: AtomicU64,
+    started: std::time::Instant,
 }
+
+/// How long a lookup, a binding or an invalidation waits for the lock before it gives up: far
+/// less than a slow-disk read, far more than anyone holds it (a few hundred nanoseconds).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(2);
+/// After a wait gave up, bounded waits only try the lock for this long.
+const STALL_MS: u64 = 100;
 
 fn bad(path: &Path, reason: impl Into<String>) -> Error {
     Error::BadExtensionPath {
@@ -237,6 +254,10 @@ impl SharedIndex {
             me,
             pid: std::process::id(),
             broken: AtomicBool::new(false),
+            deferred: crate::sync::Mutex::new(crate::sync::Rank::Leaf, Vec::new()),
+            lock_timeouts: AtomicU64::new(0),
+            stalled_until_ms: AtomicU64::new(0),
+            started: std::time::Instant::now(),
         };
         let header = index.header();
         let mut valid =
@@ -308,23 +329,61 @@ impl SharedIndex {
         unsafe { &*(self.mem.base().as_ptr() as *const Header) }
     }
 
-    fn stripes(&self) -> &[AtomicU64] {
-        // SAFETY: the layout places STRIPES atomics at this offset, inside the mapping; atomics
-        // may be shared with any thread of any process.
+    /// One of the segment's arrays of STRIPES atomics, at byte `offset`.
+    fn atomics(&self, offset: usize) -> &[AtomicU64] {
+        // SAFETY: the layout places STRIPES atomics at this offset (`stripes` or `pending`),
+        // inside the mapping; atomics may be shared with any thread of any process.
         unsafe {
             std::slice::from_raw_parts(
-                self.mem.base().as_ptr().add(self.layout.stripes) as *const AtomicU64,
+                self.mem.base().as_ptr().add(offset) as *const AtomicU64,
                 STRIPES,
             )
         }
     }
 
+    /// The page's stripe: named by the file's identity, not its slot or key, so that a write
+    /// can void copies of the page without the lock (see `invalidate`).
+    fn stripe_of(id: FileIdentity, page: u64) -> usize {
+        let h = (id.dev.rotate_left(17) ^ id.ino).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ page;
+        (h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 50) as usize % STRIPES
+    }
+
+    /// Takes the lock, however long its holder keeps it (the writer's thread, attaching,
+    /// forgetting a file: nothing a query waits for).
     fn lock(&self) -> Option<Guard<'_>> {
+        self.lock_with(None)
+    }
+
+    /// Takes the lock if that takes at most [`LOCK_WAIT`] (nothing more while a holder is
+    /// stalled): what queries use, so that a holder stopped by SIGSTOP, a debugger or a paused
+    /// container costs them a miss, never a stall.
+    fn lock_briefly(&self) -> Option<Guard<'_>> {
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let stalled = now_ms < self.stalled_until_ms.load(Ordering::Relaxed);
+        let wait = if stalled {
+            std::time::Duration::ZERO
+        } else {
+            LOCK_WAIT
+        };
+        let g = self.lock_with(Some(wait));
+        if g.is_none() && !self.broken.load(Ordering::Relaxed) {
+            self.lock_timeouts.fetch_add(1, Ordering::Relaxed);
+            if !stalled {
+                self.stalled_until_ms
+                    .store(now_ms + STALL_MS, Ordering::Relaxed);
+            }
+        }
+        g
+    }
+
+    fn lock_with(&self, wait: Option<std::time::Duration>) -> Option<Guard<'_>> {
         if self.broken.load(Ordering::Relaxed) {
             return None;
         }
-        let found = match self.header().mutex.lock() {
-            Ok(found) => found,
+        let mutex = &self.header().mutex;
+        let found = match wait.map_or_else(|| mutex.lock().map(Some), |w| mutex.lock_within(w)) {
+            Ok(Some(found)) => found,
+            Ok(None) => return None,
             Err(e) => {
                 log::error!("shared buffer pool extension: its lock is unusable ({e}); missing");
                 self.broken.store(true, Ordering::Relaxed);
@@ -347,7 +406,24 @@ impl SharedIndex {
                 "shared buffer pool extension: a process died holding its lock; index emptied"
             );
         }
+        self.apply_deferred(&mut g.tables);
         Some(g)
+    }
+
+    /// Removes the copies that invalidations made without the lock left in place.
+    fn apply_deferred(&self, t: &mut Tables<'_>) {
+        let deferred = std::mem::take(&mut *self.deferred.lock());
+        for (file, page, id) in deferred {
+            self.remove_copy(t, file, page, id);
+        }
+    }
+
+    /// Removes the copy of page `page` of file `id` and takes back its pending invalidation.
+    fn remove_copy(&self, t: &mut Tables<'_>, file: SharedFile, page: u64, id: FileIdentity) {
+        if let Some(slot) = self.slot_of(t, file, id) {
+            t.remove(PageKey::new(t.files[slot as usize].key, page));
+        }
+        self.atomics(self.layout.pending)[Self::stripe_of(id, page)].fetch_sub(1, Ordering::SeqCst);
     }
 
     /// This process's participant slot.
@@ -401,7 +477,7 @@ impl SharedIndex {
     /// (not racy), it is recorded. None only if the lock is unusable.
     pub fn bind(&self, stamp: KnownStamp) -> Option<SharedFile> {
         let id = stamp.stamp.identity;
-        let mut g = self.lock()?;
+        let mut g = self.lock_briefly()?;
         let t = &mut g.tables;
         let found = t
             .files
@@ -451,7 +527,7 @@ impl SharedIndex {
     /// detection vouches for its reads) after another process moved the key on. None if the
     /// slot now holds another file: bind it afresh.
     pub fn follow(&self, file: SharedFile, id: FileIdentity) -> Option<SharedFile> {
-        let g = self.lock()?;
+        let g = self.lock_briefly()?;
         let f = &g.tables.files[file.slot as usize];
         ((f.dev, f.ino) == (id.dev, id.ino) && f.key != 0).then_some(SharedFile {
             slot: file.slot,
@@ -461,7 +537,7 @@ impl SharedIndex {
 
     /// The data file a shared name is for, if its slot still holds it.
     pub fn identity_of(&self, file: SharedFile) -> Option<FileIdentity> {
-        let g = self.lock()?;
+        let g = self.lock_briefly()?;
         let f = &g.tables.files[file.slot as usize];
         (f.key != 0).then_some(FileIdentity {
             dev: f.dev,
@@ -472,7 +548,7 @@ impl SharedIndex {
     /// Every cached page: (shared key, page, the pid of the process that loaded it, whether
     /// this participant did).
     pub fn entries(&self) -> Vec<(FileKey, u64, u32, bool)> {
-        let Some(g) = self.lock() else {
+        let Some(g) = self.lock_briefly() else {
             return Vec::new();
         };
         let t = &g.tables;
@@ -503,7 +579,7 @@ impl SharedIndex {
     /// Records the stamp this process's own writes left (under the database lock they were made
     /// under): it vouches for the file's entries to the next process that binds it.
     pub fn vouch(&self, file: SharedFile, stamp: KnownStamp) {
-        if let Some(g) = self.lock() {
+        if let Some(g) = self.lock_briefly() {
             let f = &mut g.tables.files[file.slot as usize];
             if f.key == file.key {
                 record_stamp(f, stamp);
@@ -538,53 +614,71 @@ impl SharedIndex {
         }
     }
 
-    fn stripe(&self, file: SharedFile, page: u64) -> &AtomicU64 {
-        let h = (file.slot as u64) << 40 ^ page;
-        let h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        &self.stripes()[(h >> 50) as usize % STRIPES]
-    }
-
     /// The page's write epoch: read it before reading the page from the data file, and admit
     /// the page with it.
-    pub fn epoch(&self, file: SharedFile, page: u64) -> u64 {
-        self.stripe(file, page).load(Ordering::SeqCst)
+    pub fn epoch(&self, id: FileIdentity, page: u64) -> u64 {
+        self.atomics(self.layout.stripes)[Self::stripe_of(id, page)].load(Ordering::SeqCst)
     }
 
-    /// Invalidates page `page` of the file `id` (named `file` when this process bound it) for
-    /// every process: called before its bytes go to the data file and again after (a read
-    /// that overlapped the write cannot be admitted either way). The file is found by identity:
-    /// its slot may have gone to another file since the binding.
+    /// The write epoch of a page of the file a name's slot holds (tests, which name files by
+    /// their bindings).
+    #[cfg(test)]
+    pub(crate) fn epoch_of(&self, file: SharedFile, page: u64) -> u64 {
+        let id = {
+            let g = self.lock().expect("lock");
+            let f = &g.tables.files[file.slot as usize];
+            FileIdentity {
+                dev: f.dev,
+                ino: f.ino,
+            }
+        };
+        self.epoch(id, page)
+    }
+
+    /// Invalidates page `page` of the file `id` (named `file` when this process bound it, a
+    /// hint: its slot may have gone to another file since) for every process: called before
+    /// its bytes go to the data file and again after (a read that overlapped the write cannot
+    /// be admitted either way).
+    ///
+    /// Without the lock, first: the page's write epoch moves (an admission read before it is
+    /// refused at publication) and its stripe counts one pending invalidation (a lookup finds
+    /// no copy in a stripe with one). Then, under the lock, the copy is removed and the pending
+    /// count taken back. If the lock is not free within [`LOCK_WAIT`] (its holder is stopped),
+    /// the removal waits for this process's next lock, and the write goes ahead at once.
     pub fn invalidate(&self, file: SharedFile, page: u64, id: FileIdentity) {
-        let Some(mut g) = self.lock() else {
-            return; // nobody can look anything up either
-        };
-        let t = &mut g.tables;
-        let Some(slot) = self.slot_of(t, file, id) else {
-            return; // not in the table: nothing of it is cached
-        };
-        let named = SharedFile {
-            slot,
-            key: t.files[slot as usize].key,
-        };
-        // Under the lock, before the removal: a publication either sees the new epoch, or
-        // came first and is removed here.
-        self.stripe(named, page).fetch_add(1, Ordering::SeqCst);
+        let stripe = Self::stripe_of(id, page);
+        self.atomics(self.layout.stripes)[stripe].fetch_add(1, Ordering::SeqCst);
+        self.atomics(self.layout.pending)[stripe].fetch_add(1, Ordering::SeqCst);
         stored();
-        t.remove(PageKey::new(named.key, page));
+        match self.lock_briefly() {
+            Some(mut g) => self.remove_copy(&mut g.tables, file, page, id),
+            // The lock unusable: nobody can look anything up either; the count stays.
+            None if self.broken.load(Ordering::Relaxed) => {}
+            None => self.deferred.lock().push((file, page, id)),
+        }
     }
 
     /// Where the page is cached, if it is. The caller reads it and checks it against the crc.
+    /// A miss if the lock is not free within [`LOCK_WAIT`].
     pub fn lookup(&self, file: SharedFile, page: u64) -> Found {
-        let Some(g) = self.lock() else {
+        let Some(g) = self.lock_briefly() else {
             return Found::Miss;
         };
         let t = &g.tables;
-        if t.files[file.slot as usize].key != file.key {
+        let f = &t.files[file.slot as usize];
+        if f.key != file.key {
             return Found::Moved;
         }
         let Some(location) = t.lookup(PageKey::new(file.key, page)) else {
             return Found::Miss;
         };
+        let id = FileIdentity {
+            dev: f.dev,
+            ino: f.ino,
+        };
+        if self.atomics(self.layout.pending)[Self::stripe_of(id, page)].load(Ordering::SeqCst) > 0 {
+            return Found::Miss; // a write's removal waits for its process's next lock
+        }
         let region = &t.regions[(location.offset / t.region_bytes()) as usize];
         Found::Hit(SharedHit {
             location,
@@ -595,7 +689,7 @@ impl SharedIndex {
 
     /// Removes the page's entry if it still is `location` (its read failed its checksum).
     pub fn drop_if(&self, file: SharedFile, page: u64, location: Location) -> bool {
-        let Some(mut g) = self.lock() else {
+        let Some(mut g) = self.lock_briefly() else {
             return false;
         };
         let key = PageKey::new(file.key, page);
@@ -655,8 +749,12 @@ impl SharedIndex {
         }
         let mut indexed = 0;
         for a in pages {
-            let current = g.tables.files[a.file.slot as usize].key == a.file.key
-                && self.epoch(a.file, a.page) == a.epoch;
+            let f = &g.tables.files[a.file.slot as usize];
+            let id = FileIdentity {
+                dev: f.dev,
+                ino: f.ino,
+            };
+            let current = f.key == a.file.key && self.epoch(id, a.page) == a.epoch;
             if current
                 && g.tables.insert_entry(
                     PageKey::new(a.file.key, a.page),
@@ -700,8 +798,14 @@ impl SharedIndex {
         // and every other process's L2 waits for the lock (issue 27: the counters, sampled each
         // second, held it across all of them).
         let participants = 1 + self.others_attached();
-        let Some(g) = self.lock() else {
-            return SharedStats::default();
+        let lock_timeouts = self.lock_timeouts.load(Ordering::Relaxed);
+        let Some(g) = self.lock_briefly() else {
+            return SharedStats {
+                participants,
+                lock_timeouts,
+                resident_bytes,
+                ..SharedStats::default()
+            };
         };
         let t = &g.tables;
         SharedStats {
@@ -709,6 +813,7 @@ impl SharedIndex {
             bytes: t.totals.live_bytes,
             participants,
             recoveries: t.totals.recoveries,
+            lock_timeouts,
             resident_bytes,
         }
     }

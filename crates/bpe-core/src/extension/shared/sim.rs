@@ -1,7 +1,7 @@
 //! A deterministic simulation of the shared protocol (issue 27; TigerBeetle's VOPR is the
 //! model). tests.rs's `seeded_interleavings_never_serve_a_stale_page` interleaves the steps
 //! of one file's readers and writers; this one adds deaths inside the critical sections and
-//! many files. Participants of one shared index, driven by one seeded generator, read, admit,
+//! many files, and lock holders stopped (SIGSTOP) while the others go on. Participants of one shared index, driven by one seeded generator, read, admit,
 //! write, forget and vouch for pages of many files (more than the 1,024 slots, so that slots
 //! are taken from files still in use), and die in two ways: a forked child makes one change
 //! under the lock as the participant and is killed after a random store of it (the lock left
@@ -90,21 +90,22 @@ impl Participant {
         }
     }
 
-    /// The file's name, bound from its stamp now if this process has not been watching it.
-    fn name(&mut self, files: &Files, file: u64, racy: bool) -> SharedFile {
+    /// The file's name, bound from its stamp now if this process has not been watching it
+    /// (None if the lock's holder is stopped).
+    fn name(&mut self, files: &Files, file: u64, racy: bool) -> Option<SharedFile> {
         if let Some(n) = self.names.get(&file) {
-            return *n;
+            return Some(*n);
         }
-        let n = self.index.bind(files.stamp(file, racy)).expect("bind");
+        let n = self.index.bind(files.stamp(file, racy))?;
         self.names.insert(file, n);
         self.verified.insert(file, files.mtime(file));
-        n
+        Some(n)
     }
 
     /// The version a lookup serves, if it hits (a moved key followed, as a watching process
     /// does: its own change detection vouches for its reads).
     fn lookup(&mut self, files: &Files, file: u64, page: u64) -> Option<u32> {
-        let name = self.name(files, file, false);
+        let name = self.name(files, file, false)?;
         let found = match self.index.lookup(name, page) {
             Found::Moved => match self.index.follow(name, Files::identity(file)) {
                 Some(moved) => {
@@ -165,6 +166,7 @@ struct Sim {
     hits: u64,
     crashes: u64,
     deaths: u64,
+    stalls: u64,
     trace: bool,
 }
 
@@ -177,12 +179,17 @@ impl Sim {
         }
     }
 
-    fn step(&mut self, n: usize) {
+    /// One random step. While a holder is stopped (`stalled`), only what a query does: lookups,
+    /// reads begun, writes (their removals deferred), all with bounded waits.
+    fn step(&mut self, n: usize, stalled: bool) {
         let p = self.rng.gen_range(0..self.parts.len());
         let (file, page) = (self.file(), self.rng.gen_range(0..PAGES));
         let racy = self.rng.gen_bool(0.2);
         let seed = self.seed;
-        let op = self.rng.gen_range(0..1000);
+        let mut op = self.rng.gen_range(0..1000);
+        if stalled && !(0..=614).contains(&op) && !(815..=914).contains(&op) {
+            op = 0;
+        }
         if self.trace {
             let name = self.parts[p].names.get(&file);
             let v = self.files.version(file, page);
@@ -202,8 +209,10 @@ impl Sim {
             }
             415..=614 => {
                 let part = &mut self.parts[p];
-                let name = part.name(&self.files, file, racy);
-                let epoch = part.index.epoch(name, page);
+                let Some(name) = part.name(&self.files, file, racy) else {
+                    return;
+                };
+                let epoch = part.index.epoch(Files::identity(file), page);
                 part.pending.push(Pending {
                     page,
                     name,
@@ -233,6 +242,7 @@ impl Sim {
             }
             955..=974 => self.foreign_change(p, file, false),
             975..=994 => self.crash(p, file, page),
+            995..=996 => self.stall(p, n),
             _ => {
                 // Leaves without a word (SIGKILL): its lock byte goes with its descriptor.
                 self.deaths += 1;
@@ -240,10 +250,45 @@ impl Sim {
                 self.parts[p] = Participant::attach(&path);
             }
         }
+        if stalled {
+            return; // check() waits for the lock
+        }
         let checker = self.rng.gen_range(0..self.parts.len());
         if let Err(e) = self.parts[checker].index.check() {
             panic!("seed {seed}, step {n}: the tables are not sound: {e}");
         }
+    }
+
+    /// A forked child takes the lock as participant `p` and stops (SIGSTOP); the others take
+    /// a few steps meanwhile; then it continues, unlocks and exits.
+    fn stall(&mut self, p: usize, n: usize) {
+        let index = &self.parts[p].index;
+        // SAFETY: the child takes the lock, stops, and once continued unlocks and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let g = index.lock();
+            // SAFETY: stops the child until SIGCONT.
+            unsafe { libc::raise(libc::SIGSTOP) };
+            drop(g);
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked to stop.
+        unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
+        assert!(
+            libc::WIFSTOPPED(status),
+            "seed {}: the holder did not stop",
+            self.seed
+        );
+        self.stalls += 1;
+        for _ in 0..self.rng.gen_range(1..30) {
+            self.step(n, true);
+        }
+        // SAFETY: continues the child (it unlocks and exits).
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        // SAFETY: waits for the child to exit.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
     }
 
     /// A write through participant `p`: invalidated before and after the bytes go to the file,
@@ -251,30 +296,36 @@ impl Sim {
     /// second invalidation and dies after a random store of it.
     fn write(&mut self, p: usize, file: u64, page: u64, racy: bool, die: bool) {
         let part = &mut self.parts[p];
+        // The name is a hint: the invalidation finds the file by identity (as Attached's).
         let name = part.name(&self.files, file, racy);
+        let hint = name.unwrap_or(SharedFile { slot: 0, key: 0 });
         let id = Files::identity(file);
-        part.index.invalidate(name, page, id);
+        part.index.invalidate(hint, page, id);
         self.files.write(file, page);
         if die {
             let at = self.rng.gen_range(1..=8);
             let index = &part.index;
-            if die_after_store(at, || index.invalidate(name, page, id)) {
+            if die_after_store(at, || index.invalidate(hint, page, id)) {
                 self.crashes += 1;
             }
         } else {
-            part.index.invalidate(name, page, id);
-            part.index.vouch(name, self.files.stamp(file, true));
+            part.index.invalidate(hint, page, id);
+            if let Some(name) = name {
+                part.index.vouch(name, self.files.stamp(file, true));
+            }
         }
     }
 
     /// Something no participant wrote changes the file (all its pages); the participant whose
     /// change detection sees it forgets the file for everyone, before anyone reads again.
     fn foreign_change(&mut self, p: usize, file: u64, die: bool) {
+        let part = &mut self.parts[p];
+        let Some(name) = part.name(&self.files, file, false) else {
+            return;
+        };
         for page in 0..PAGES {
             self.files.write(file, page);
         }
-        let part = &mut self.parts[p];
-        let name = part.name(&self.files, file, false);
         if die {
             let at = self.rng.gen_range(1..=6);
             let index = &part.index;
@@ -367,6 +418,7 @@ fn run(seed: u64, steps: usize) -> Sim {
         hits: 0,
         crashes: 0,
         deaths: 0,
+        stalls: 0,
         trace: std::env::var_os("BPE_SIM_TRACE").is_some(),
     };
     // Every slot taken at the start: binding another file takes the oldest one's.
@@ -374,7 +426,7 @@ fn run(seed: u64, steps: usize) -> Sim {
         sim.parts[0].index.bind(sim.files.stamp(f, false));
     }
     for n in 0..steps {
-        sim.step(n);
+        sim.step(n, false);
     }
     drop(s);
     sim
@@ -424,8 +476,9 @@ fn the_shared_protocol_never_serves_a_stale_page_whoever_dies_wherever() {
         crashes += sim.crashes;
         recoveries += sim.parts[0].index.stats().recoveries;
         eprintln!(
-            "  {} hits checked, {} children killed mid-change, {} participants killed",
-            sim.hits, sim.crashes, sim.deaths
+            "  {} hits checked, {} children killed mid-change, {} participants killed, \
+             {} lock holders stopped",
+            sim.hits, sim.crashes, sim.deaths, sim.stalls
         );
     }
     // The run tested something: pages were served, and changes were cut short and recovered.

@@ -71,7 +71,7 @@ fn a_page_one_process_admitted_is_found_by_another() {
     let fb = b.bind(stamp(7, 100, false)).unwrap();
     assert_eq!(fa, fb, "the vouched stamp keeps the key");
     let claim = a.claim_region().unwrap();
-    assert_eq!(admit(&a, claim, fa, 3, a.epoch(fa, 3)), 1);
+    assert_eq!(admit(&a, claim, fa, 3, a.epoch_of(fa, 3)), 1);
     match b.lookup(fb, 3) {
         Found::Hit(hit) => {
             assert!(!hit.mine, "b did not load it");
@@ -92,7 +92,7 @@ fn a_stamp_nobody_vouched_for_forgets_the_file_for_everyone() {
     let b = SharedIndex::attach(&s.path, geometry()).unwrap();
     let fa = a.bind(stamp(7, 100, false)).unwrap();
     let claim = a.claim_region().unwrap();
-    admit(&a, claim, fa, 1, a.epoch(fa, 1));
+    admit(&a, claim, fa, 1, a.epoch_of(fa, 1));
     // b opens the file after a change no participant made: the stamp differs.
     let fb = b.bind(stamp(7, 200, false)).unwrap();
     assert_ne!(fb.key, fa.key);
@@ -101,7 +101,7 @@ fn a_stamp_nobody_vouched_for_forgets_the_file_for_everyone() {
     assert_eq!(a.lookup(fa, 1), Found::Moved);
     assert_eq!(a.follow(fa, FileIdentity { dev: 1, ino: 7 }), Some(fb));
     // An admission under the old name is refused.
-    assert_eq!(admit(&a, claim, fa, 2, a.epoch(fa, 2)), 0);
+    assert_eq!(admit(&a, claim, fa, 2, a.epoch_of(fa, 2)), 0);
     // A racy stamp never vouches: the next binder cannot keep the key.
     let c = SharedIndex::attach(&s.path, geometry()).unwrap();
     c.vouch(fb, stamp(7, 300, true));
@@ -115,15 +115,15 @@ fn a_write_voids_an_admission_read_before_it_and_removes_one_made_after() {
     let b = SharedIndex::attach(&s.path, geometry()).unwrap();
     let f = a.bind(stamp(9, 100, false)).unwrap();
     let claim = a.claim_region().unwrap();
-    let before = a.epoch(f, 5);
+    let before = a.epoch_of(f, 5);
     let id = FileIdentity { dev: 1, ino: 9 };
     b.invalidate(f, 5, id); // b writes page 5 while a's copy waits for its writer
     assert_eq!(admit(&a, claim, f, 5, before), 0, "read before the write");
-    assert_eq!(admit(&a, claim, f, 5, a.epoch(f, 5)), 1, "read after it");
+    assert_eq!(admit(&a, claim, f, 5, a.epoch_of(f, 5)), 1, "read after it");
     b.invalidate(f, 5, id);
     assert_eq!(a.lookup(f, 5), Found::Miss, "a later write removes it");
     // Other pages are untouched (unless they share a stripe: then conservatively refused).
-    assert_eq!(admit(&a, claim, f, 6, a.epoch(f, 6)), 1);
+    assert_eq!(admit(&a, claim, f, 6, a.epoch_of(f, 6)), 1);
     b.forget_file(f, id).unwrap();
     assert_eq!(a.lookup(f, 6), Found::Moved);
 }
@@ -135,7 +135,7 @@ fn claims_pass_over_a_live_writer_and_take_a_dead_ones_region() {
     let b = SharedIndex::attach(&s.path, geometry()).unwrap();
     let f = a.bind(stamp(9, 100, false)).unwrap();
     let ca = a.claim_region().unwrap();
-    admit(&a, ca, f, 1, a.epoch(f, 1));
+    admit(&a, ca, f, 1, a.epoch_of(f, 1));
     let cb = b.claim_region().unwrap();
     assert_ne!(ca.region, cb.region);
     // b goes round the ring: it never takes a's region while a lives.
@@ -165,7 +165,7 @@ fn a_voided_claim_publishes_nothing() {
     let f = a.bind(stamp(9, 100, false)).unwrap();
     let c = a.claim_region().unwrap();
     a.lock().unwrap().tables.clear_index(); // what a recovery does
-    assert_eq!(admit(&a, c, f, 1, a.epoch(f, 1)), 0);
+    assert_eq!(admit(&a, c, f, 1, a.epoch_of(f, 1)), 0);
 }
 
 #[test]
@@ -187,7 +187,7 @@ fn a_clean_exit_leaves_the_index_for_the_next_process() {
     let a = SharedIndex::attach(&s.path, geometry()).unwrap();
     let f = a.bind(stamp(7, 100, false)).unwrap();
     let c = a.claim_region().unwrap();
-    admit(&a, c, f, 4, a.epoch(f, 4));
+    admit(&a, c, f, 4, a.epoch_of(f, 4));
     assert!(a.detach(true, || panic!("kept: nothing is deleted")));
     assert_eq!(
         a.lookup(f, 4),
@@ -234,7 +234,7 @@ fn a_process_that_dies_holding_the_lock_costs_the_index_not_the_others() {
     let a = SharedIndex::attach(&s.path, geometry()).unwrap();
     let f = a.bind(stamp(9, 100, false)).unwrap();
     let c = a.claim_region().unwrap();
-    admit(&a, c, f, 1, a.epoch(f, 1));
+    admit(&a, c, f, 1, a.epoch_of(f, 1));
     // SAFETY: the child only takes the lock and exits at once (no allocation, no other lock).
     let pid = unsafe { libc::fork() };
     if pid == 0 {
@@ -251,11 +251,14 @@ fn a_process_that_dies_holding_the_lock_costs_the_index_not_the_others() {
     // Every name from before is void (a slot may have been half bound): bound afresh.
     assert_eq!(a.lookup(f, 1), Found::Moved);
     assert_eq!(a.follow(f, FileIdentity { dev: 1, ino: 9 }), None);
-    assert_eq!(admit(&a, a.claim_region().unwrap(), f, 1, a.epoch(f, 1)), 0);
+    assert_eq!(
+        admit(&a, a.claim_region().unwrap(), f, 1, a.epoch_of(f, 1)),
+        0
+    );
     a.check().unwrap();
     let f = a.bind(stamp(9, 100, false)).unwrap();
     let c = a.claim_region().unwrap();
-    assert_eq!(admit(&a, c, f, 1, a.epoch(f, 1)), 1, "and works on");
+    assert_eq!(admit(&a, c, f, 1, a.epoch_of(f, 1)), 1, "and works on");
 }
 
 /// A seeded simulation of the protocol: three participants (separate attachments) take random
@@ -302,7 +305,7 @@ fn seeded_interleavings_never_serve_a_stale_page() {
                         ),
                         Found::Moved => unreachable!("nobody forgets the file here"),
                         Found::Miss => {
-                            let epoch = part.index.epoch(part.file, page);
+                            let epoch = part.index.epoch_of(part.file, page);
                             part.staged.push((page, epoch, versions[page as usize]));
                         }
                     }
@@ -310,7 +313,7 @@ fn seeded_interleavings_never_serve_a_stale_page() {
                 5 => {
                     // Readahead: a read that holds no lock, so it may overlap a write.
                     let part = &mut parts[who];
-                    let epoch = part.index.epoch(part.file, page);
+                    let epoch = part.index.epoch_of(part.file, page);
                     part.staged.push((page, epoch, versions[page as usize]));
                 }
                 6 | 7 => parts[who].publish(),
@@ -403,9 +406,9 @@ fn a_slot_given_to_another_file_is_never_followed_into_or_invalidated_through() 
     // x bound again gets a slot of its own; an invalidation under the stale name finds it.
     let fx2 = a.bind(stamp(1, 100, false)).unwrap();
     let c = a.claim_region().unwrap();
-    admit(&a, c, fx2, 3, a.epoch(fx2, 3));
+    admit(&a, c, fx2, 3, a.epoch_of(fx2, 3));
     let y = last;
-    admit(&a, c, y, 4, a.epoch(y, 4));
+    admit(&a, c, y, 4, a.epoch_of(y, 4));
     a.invalidate(fx, 3, x);
     assert_eq!(a.lookup(fx2, 3), Found::Miss, "x's page 3 is gone");
     assert!(
@@ -485,7 +488,7 @@ impl Watcher {
     /// Reads the page (at `version`) from the data file and admits it.
     fn read_and_admit(&mut self, page: u64, version: u32) {
         let name = self.name();
-        let epoch = self.index.epoch(name, page);
+        let epoch = self.index.epoch_of(name, page);
         let claim = self.index.claim_region().unwrap();
         let a = Admission {
             file: name,
@@ -561,7 +564,7 @@ fn a_segment_left_by_a_removed_file_is_not_adopted_by_one_with_its_inode_number(
     let a = SharedIndex::attach(&s.path, geometry()).unwrap();
     let f = a.bind(stamp(7, 100, false)).unwrap();
     let c = a.claim_region().unwrap();
-    admit(&a, c, f, 4, a.epoch(f, 4));
+    admit(&a, c, f, 4, a.epoch_of(f, 4));
     assert!(a.detach(true, || panic!("kept: nothing is deleted")));
     drop(a);
     let old = memory_path(identity(&s.path)).unwrap();
@@ -575,7 +578,7 @@ fn a_segment_left_by_a_removed_file_is_not_adopted_by_one_with_its_inode_number(
     assert_eq!(b.lookup(fb, 4), Found::Miss);
     // This file's own segment, left by a clean exit, still is (warm).
     let c = b.claim_region().unwrap();
-    admit(&b, c, fb, 5, b.epoch(fb, 5));
+    admit(&b, c, fb, 5, b.epoch_of(fb, 5));
     assert!(b.detach(true, || panic!("kept")));
     drop(b);
     let b = SharedIndex::attach(&s.path, geometry()).unwrap();
@@ -614,7 +617,7 @@ fn a_forget_while_a_file_is_being_bound_is_not_lost() {
     let other = SharedIndex::attach(&s.path, geometry()).unwrap();
     let shared = other.bind(stamp).unwrap();
     let c = other.claim_region().unwrap();
-    assert_eq!(admit(&other, c, shared, 1, other.epoch(shared, 1)), 1);
+    assert_eq!(admit(&other, c, shared, 1, other.epoch_of(shared, 1)), 1);
     let me = Attached::new(SharedIndex::attach(&s.path, geometry()).unwrap());
     let key = PageKey::new(file.key(), 1);
     let truncated = file.clone();
@@ -694,4 +697,88 @@ fn a_writer_whose_claim_a_recovery_voided_never_writes_into_the_region_again() {
         "{overwritten} bytes of the region another participant holds were overwritten"
     );
     b.seal(claim);
+}
+
+/// Issue 27: a participant stopped while it holds the lock (SIGSTOP, a debugger, a paused
+/// container) costs the others a bounded wait, never a stall: their lookups miss, a write's
+/// invalidation goes ahead (its removal waits for the writer's next lock, the copy hidden
+/// meanwhile), and nothing stale is served when the holder resumes.
+#[test]
+fn a_stopped_lock_holder_costs_a_bounded_wait_and_never_a_stale_page() {
+    let s = setup();
+    let a = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let b = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let c = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let id = FileIdentity { dev: 1, ino: 9 };
+    let f = a.bind(stamp(9, 100, false)).unwrap();
+    let claim = a.claim_region().unwrap();
+    assert_eq!(admit(&a, claim, f, 1, a.epoch(id, 1)), 1);
+
+    // SAFETY: the child takes the lock, stops, and once continued unlocks and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let g = c.lock();
+        // SAFETY: stops this (the child) process until SIGCONT.
+        unsafe { libc::raise(libc::SIGSTOP) };
+        drop(g);
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked to stop.
+    unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
+    assert!(libc::WIFSTOPPED(status), "the holder did not stop");
+
+    // Without the bound each call waits for the holder forever: they run on a thread, and the
+    // holder is killed if they are not done within 10 s.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (lookup, hidden, binding, timeouts) = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let lookup = b.lookup(f, 1);
+            b.invalidate(f, 1, id); // b writes page 1 while c holds the lock
+            let hidden = a.lookup(f, 1);
+            let binding = b.bind(stamp(9, 100, false));
+            tx.send((lookup, hidden, binding, b.stats().lock_timeouts))
+                .unwrap();
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+            Ok(found) => found,
+            Err(_) => {
+                // SAFETY: kills the stopped child: its lock is recovered, and the thread ends.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                panic!("a lookup or an invalidation waited for the stopped holder");
+            }
+        }
+    });
+    assert_eq!(
+        lookup,
+        Found::Miss,
+        "a lookup misses while the holder is stopped"
+    );
+    assert_eq!(hidden, Found::Miss);
+    assert_eq!(binding, None);
+    assert!(timeouts >= 1, "the timeouts are counted");
+
+    // SAFETY: continues the child; it unlocks and exits.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    // SAFETY: waits for the child to exit.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(libc::WIFEXITED(status));
+    // b's removal has not run yet (b has not locked since): the copy is still indexed, but
+    // page 1 was written after it, so no lookup may find it.
+    assert_eq!(
+        a.lookup(f, 1),
+        Found::Miss,
+        "page 1 served from before its write"
+    );
+    // b's next lock removes it; page 1 can then be admitted again, under its new epoch.
+    assert_eq!(b.lookup(f, 2), Found::Miss);
+    a.check().unwrap();
+    assert_eq!(admit(&a, claim, f, 1, a.epoch(id, 1)), 1);
+    assert!(matches!(a.lookup(f, 1), Found::Hit(_)));
+    assert_eq!(
+        a.stats().recoveries,
+        0,
+        "a stopped holder is not a dead one"
+    );
 }
