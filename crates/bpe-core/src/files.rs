@@ -29,7 +29,7 @@ use crate::sync::{Mutex, Rank, RwLock};
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -101,10 +101,54 @@ pub struct CachedFile {
     /// What the engine's client keeps per file (the SQLite adapter's change detection); it
     /// lives as long as this entry, across closes and reopens.
     client: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
+    /// How often another program rewrites the file (see [`RewriteWatch`]).
+    pub(crate) rewrites: RewriteWatch,
     /// Sequential runs of data-file misses.
     pub readahead: SequentialDetector,
     /// Sequential runs of extension hits (pages admitted in scan order sit in consecutive places).
     pub extension_readahead: SequentialDetector,
+}
+
+/// Whether another program rewrites a file often enough that the OS page cache, not the
+/// device, should serve its misses.
+///
+/// A plain SQLite writer in rollback mode says nothing about which pages it changed, so each of
+/// its commits empties the file's cache here (`Engine::invalidate_file`) and the next reads go
+/// to the device with O_DIRECT; stock SQLite refills from the OS page cache, where the writer's
+/// pages are, in about a microsecond a page (issue 25: 4.9-7.3x stock's read time beside such a
+/// writer). After [`REWRITE_STREAK`] whole-file invalidations each within
+/// [`REWRITE_GAP_MS`] of the one before, the file's reads go through the OS page cache, until
+/// none has come for [`REWRITE_QUIET_MS`]. Freshness does not change: the cache tiers are
+/// emptied as before; only where a miss is read from does.
+#[derive(Default)]
+pub(crate) struct RewriteWatch {
+    last_ms: AtomicU64,
+    streak: AtomicU32,
+}
+
+pub(crate) const REWRITE_STREAK: u32 = 3;
+pub(crate) const REWRITE_GAP_MS: u64 = 1_000;
+pub(crate) const REWRITE_QUIET_MS: u64 = 10_000;
+
+impl RewriteWatch {
+    /// A whole-file invalidation at `now_ms`: whether the file's misses should now be read
+    /// through the OS page cache.
+    pub(crate) fn rewritten(&self, now_ms: u64) -> bool {
+        // Stored one on (0 is "never"; an engine's clock starts at 0).
+        let last = self.last_ms.swap(now_ms + 1, Relaxed).wrapping_sub(1);
+        let streak = if last != u64::MAX && now_ms.saturating_sub(last) <= REWRITE_GAP_MS {
+            self.streak.fetch_add(1, Relaxed) + 1
+        } else {
+            self.streak.store(1, Relaxed);
+            1
+        };
+        streak >= REWRITE_STREAK
+    }
+
+    /// No rewrite for [`REWRITE_QUIET_MS`] before `now_ms`: O_DIRECT again.
+    pub(crate) fn quiet(&self, now_ms: u64) -> bool {
+        (now_ms + 1).saturating_sub(self.last_ms.load(Relaxed)) > REWRITE_QUIET_MS
+    }
 }
 
 /// A caller's reference to an open data file.
@@ -317,6 +361,7 @@ impl FileRegistry {
             known: Mutex::new(Rank::Leaf, known),
             first_page: Mutex::new(Rank::Leaf, None),
             client: Mutex::new(Rank::Leaf, None),
+            rewrites: RewriteWatch::default(),
             readahead: SequentialDetector::default(),
             extension_readahead: SequentialDetector::default(),
         });
@@ -516,7 +561,26 @@ fn open_data(req: &OpenRequest<'_>, identity: FileIdentity, config: &Config) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::KnownStamp;
+    use super::{KnownStamp, RewriteWatch, REWRITE_GAP_MS, REWRITE_QUIET_MS, REWRITE_STREAK};
+
+    #[test]
+    fn a_file_rewritten_several_times_a_second_is_read_through_the_os_cache_until_it_goes_quiet() {
+        let w = RewriteWatch::default();
+        let mut now = 1_000_000;
+        for i in 1..REWRITE_STREAK {
+            assert!(!w.rewritten(now), "rewrite {i} of a streak");
+            now += REWRITE_GAP_MS;
+        }
+        assert!(w.rewritten(now), "the streak's last rewrite");
+        assert!(!w.quiet(now + REWRITE_QUIET_MS));
+        assert!(w.quiet(now + REWRITE_QUIET_MS + 1));
+        // Rewrites further apart than the gap start the streak again.
+        now += REWRITE_GAP_MS + 1;
+        assert!(!w.rewritten(now));
+        now += REWRITE_GAP_MS + 1;
+        assert!(!w.rewritten(now));
+    }
+
     use crate::io::{FileIdentity, FileStamp};
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

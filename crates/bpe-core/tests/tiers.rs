@@ -337,6 +337,35 @@ fn data_files_are_read_with_o_direct_where_the_file_system_allows() {
 
 use std::os::unix::fs::OpenOptionsExt;
 
+/// Issue 25: a file another program rewrites several times a second (each change empties its
+/// cache) has its misses read through the OS page cache, where that program's writes are; the
+/// pages read are still the file's current ones.
+#[test]
+fn a_file_rewritten_several_times_a_second_is_read_through_the_os_page_cache() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 8, PAGE);
+    let engine = engine(1 << 20);
+    let f = engine.open_file(&path, PAGE).unwrap();
+    if !f.is_direct() {
+        return; // O_DIRECT refused here: every read goes through the OS page cache anyway
+    }
+    for version in 1..=3 {
+        use std::os::unix::fs::FileExt;
+        let plain = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        plain
+            .write_all_at(&page_bytes(5, version, PAGE), 5 * PAGE as u64)
+            .unwrap();
+        engine.invalidate_file(&f); // what the client's change detection does
+        assert_eq!(decode(&read(&engine, &f, 5).0), Some((5, version)));
+        assert_eq!(
+            engine.files()[0].direct_io,
+            version < 3,
+            "after rewrite {version}"
+        );
+    }
+    assert_eq!(engine.counters().buffered_data_files, 1);
+}
+
 #[test]
 fn small_pages_round_out_to_whole_blocks() {
     let dir = tempdir();

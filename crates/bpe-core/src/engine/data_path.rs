@@ -356,6 +356,11 @@ impl Engine {
         buf: &mut [u8],
     ) -> Result<usize> {
         let data = file.data();
+        if let Some(d) = data.as_deref() {
+            if d.follows_os_cache() && file.rewrites.quiet(self.now_ms()) {
+                d.follow_os_cache(false); // nobody rewrote it for a while: O_DIRECT again
+            }
+        }
         let own: Option<&dyn DataDevice> = data.as_deref().map(|d| d as &dyn DataDevice);
         let device = match (data.as_deref(), via.0) {
             (Some(d), _) if d.is_direct() => own,

@@ -185,6 +185,18 @@ impl Engine {
         let files = self.files.lock();
         self.renumber_if_keys_run_out(&files);
         file.set_key(self.allocate_key());
+        drop(files);
+        if file.rewrites.rewritten(self.now_ms()) {
+            if let Some(d) = file.data() {
+                if d.follow_os_cache(true) {
+                    log::info!(
+                        "{}: rewritten by another program several times a second; its misses \
+                         are read through the OS page cache, where its writes are",
+                        file.path().display()
+                    );
+                }
+            }
+        }
     }
 
     /// Forgets the cached copies of some of `file`'s pages (another process changed them), in

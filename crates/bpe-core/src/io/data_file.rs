@@ -15,6 +15,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// Identity of a file on this machine: writes through any path reach the same inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -97,6 +98,9 @@ pub struct DataFile {
     identity: FileIdentity,
     /// Serializes writes: a sub-block write and a block write to the same block must not interleave.
     write_lock: crate::sync::Mutex<()>,
+    /// Set while another program rewrites the file several times a second (see
+    /// `files::RewriteWatch`): reads go through the OS page cache, where its writes are.
+    through_os_cache: std::sync::atomic::AtomicBool,
 }
 
 impl DataFile {
@@ -155,6 +159,7 @@ impl DataFile {
             buffered,
             identity,
             write_lock: crate::sync::Mutex::new(crate::sync::Rank::Leaf, ()),
+            through_os_cache: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -168,7 +173,16 @@ impl DataFile {
 
     /// True when reads bypass the OS page cache.
     pub fn is_direct(&self) -> bool {
-        self.direct.is_some()
+        self.direct.is_some() && !self.follows_os_cache()
+    }
+
+    /// Reads through the OS page cache (`on`) or with O_DIRECT again; true if that changed.
+    pub fn follow_os_cache(&self, on: bool) -> bool {
+        self.direct.is_some() && self.through_os_cache.swap(on, Relaxed) != on
+    }
+
+    pub fn follows_os_cache(&self) -> bool {
+        self.through_os_cache.load(Relaxed)
     }
 
     fn io_err(&self, source: std::io::Error) -> Error {
@@ -249,8 +263,10 @@ impl DataFile {
 /// The file's own descriptors as a device: O_DIRECT reads where available, buffered writes.
 impl DataDevice for DataFile {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
-        if let Some(r) = self.read_direct(offset, buf) {
-            return r;
+        if !self.follows_os_cache() {
+            if let Some(r) = self.read_direct(offset, buf) {
+                return r;
+            }
         }
         let n = read_full(&self.buffered, offset, buf)?;
         buf[n..].fill(0);
