@@ -69,14 +69,9 @@ const CHILD_SEED: &str = "APP_PATTERNS_SEED";
 #[test]
 #[ignore = "run by the tests of app_patterns.rs as a child process"]
 fn child_entry() {
-    let Ok(mode) = std::env::var(CHILD) else {
+    let Some(mode) = child_mode(CHILD) else {
         return;
     };
-    // A panic in any thread ends the child at once, with its message on stderr.
-    std::panic::set_hook(Box::new(|info| {
-        eprintln!("CHILD PANIC: {info}");
-        std::process::abort();
-    }));
     let dir = PathBuf::from(std::env::var(CHILD_DIR).unwrap());
     println!();
     match mode.as_str() {
@@ -125,18 +120,12 @@ impl ChildRun {
 /// Runs this binary's `child_entry` in `mode` with `env`; SIGKILLs it after `watchdog`.
 fn run_child(mode: &str, dir: &Path, env: &[(&str, String)], watchdog: Duration) -> ChildRun {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "child_entry",
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD, mode)
-    .env(CHILD_DIR, dir)
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    cmd.args(CHILD_ARGS)
+        .env(CHILD, mode)
+        .env(CHILD_DIR, dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for v in bpe_vars() {
         cmd.env_remove(v);
     }

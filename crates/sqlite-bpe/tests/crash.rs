@@ -87,14 +87,9 @@ fn create_db(path: &Path, journal: &str) {
 #[test]
 #[ignore = "run by the crash tests as a child process"]
 fn child_entry() {
-    let Ok(mode) = std::env::var(CHILD) else {
+    let Some(mode) = child_mode(CHILD) else {
         return;
     };
-    // Any panic, in any thread, ends the child at once: the parent sees it die by itself.
-    std::panic::set_hook(Box::new(|info| {
-        eprintln!("CHILD PANIC: {info}");
-        std::process::abort();
-    }));
     match mode.as_str() {
         "work" => child_work(),
         "hold" => child_hold(),
@@ -324,13 +319,7 @@ struct Child {
 
 fn spawn_child(mode: &str, db: &Path, journal: &str, ext: &Path, seed: u64) -> Child {
     let mut process = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "child_entry",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(CHILD_ARGS)
         .env(CHILD, mode)
         .env(DB, db)
         .env(JOURNAL, journal)

@@ -89,13 +89,7 @@ fn a_directory_another_user_made_is_refused_visibly() {
         .args(["--mount", "--propagation", "private", "sh", "-c"])
         .arg(FOREIGN_DIR_THEN_PROGRAM)
         .arg(std::env::current_exe().unwrap())
-        .args([
-            "child_entry",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(CHILD_ARGS)
         .env(CHILD, "1")
         .env("BPE_MAX_SERVER_MEMORY_MB", "1")
         .env("BPE_EXTENSION_FILE", &ext)

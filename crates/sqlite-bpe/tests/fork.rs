@@ -785,20 +785,14 @@ fn run_forker(mode: &str, journal: &str, by_env: bool) -> Run {
     let started = Instant::now();
     let dir = tempdir();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "child_entry",
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD, mode)
-    .env(DIR, dir.path())
-    .env(JOURNAL, journal)
-    .env(BY_ENV, if by_env { "1" } else { "0" })
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    cmd.args(CHILD_ARGS)
+        .env(CHILD, mode)
+        .env(DIR, dir.path())
+        .env(JOURNAL, journal)
+        .env(BY_ENV, if by_env { "1" } else { "0" })
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for v in bpe_vars() {
         cmd.env_remove(v);
     }

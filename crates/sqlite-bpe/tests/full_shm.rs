@@ -263,13 +263,7 @@ fn a_commit_log_that_cannot_be_reserved_is_said_once_in_sqlite3_log() {
     let done = run_in_full_shm(
         dir.path(),
         &std::env::current_exe().unwrap(),
-        &[
-            "child_entry",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ],
+        &CHILD_ARGS,
         "",
         &[(CHILD, "1")],
     );

@@ -115,7 +115,7 @@ fn measure_with(db: &Path, vfs: &str, threads: usize, default_cache: bool) -> (u
         child.env(SQLITE_DEFAULT_CACHE, "1");
     }
     let child = child
-        .args(["child_entry", "--exact", "--ignored", "--nocapture"])
+        .args(CHILD_ARGS)
         .env(CHILD, format!("{vfs}:{threads}"))
         .env(CHILD_DB, db)
         .stdin(Stdio::null())

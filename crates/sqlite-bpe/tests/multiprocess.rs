@@ -254,14 +254,9 @@ const CHILD_WAL: &str = "BPE_MP_WAL";
 #[test]
 #[ignore = "run by the multiprocess tests as a child process"]
 fn child_entry() {
-    let Ok(slot) = std::env::var(CHILD) else {
+    let Some(slot) = child_mode(CHILD) else {
         return;
     };
-    // A failed check, in any thread, ends the child at once with its message on stderr.
-    std::panic::set_hook(Box::new(|info| {
-        eprintln!("CHILD FAILED: {info}");
-        std::process::abort();
-    }));
     let dir = PathBuf::from(std::env::var(CHILD_DIR).unwrap());
     let ctx = Ctx {
         slot: slot.parse().unwrap(),
@@ -703,20 +698,14 @@ fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
 fn spawn(slot: usize, dir: &Path, wal: bool, seed: u64) -> Incarnation {
     let role = &ROLES[slot];
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "child_entry",
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD, slot.to_string())
-    .env(CHILD_DIR, dir)
-    .env(CHILD_SEED, seed.to_string())
-    .env(CHILD_WAL, if wal { "1" } else { "0" })
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    cmd.args(CHILD_ARGS)
+        .env(CHILD, slot.to_string())
+        .env(CHILD_DIR, dir)
+        .env(CHILD_SEED, seed.to_string())
+        .env(CHILD_WAL, if wal { "1" } else { "0" })
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for v in bpe_vars() {
         cmd.env_remove(v);
     }

@@ -29,13 +29,9 @@ const EXT_SIZE: &str = "16MB";
 #[test]
 #[ignore = "run by the restart tests as a child process"]
 fn child_entry() {
-    let Ok(mode) = std::env::var(CHILD) else {
+    let Some(mode) = child_mode(CHILD) else {
         return;
     };
-    std::panic::set_hook(Box::new(|info| {
-        eprintln!("CHILD PANIC: {info}");
-        std::process::abort();
-    }));
     sqlite_bpe::register().expect("register");
     let db = PathBuf::from(std::env::var(DB).unwrap());
     let expect = std::env::var(EXPECT).unwrap();
@@ -124,13 +120,7 @@ fn counters(stdout: &str) -> [u64; 4] {
 
 fn child(mode: &str, db: &Path, ext: &Path, expect: &str) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "child_entry",
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ]);
+    cmd.args(CHILD_ARGS);
     for var in bpe_vars() {
         cmd.env_remove(var);
     }

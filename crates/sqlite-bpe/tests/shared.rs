@@ -64,13 +64,9 @@ fn sums(c: &Connection) -> (i64, i64) {
 #[test]
 #[ignore = "run by the shared-extension test as a child process"]
 fn child_entry() {
-    if std::env::var(CHILD).is_err() {
+    if child_mode(CHILD).is_none() {
         return;
     }
-    std::panic::set_hook(Box::new(|info| {
-        eprintln!("CHILD PANIC: {info}");
-        std::process::abort();
-    }));
     let db = PathBuf::from(std::env::var(DB).unwrap());
     let seed: u64 = std::env::var(SEED).unwrap().parse().unwrap();
     sqlite_bpe::register().expect("register");
@@ -107,25 +103,19 @@ fn spawn(db: &Path, ext: &Path, out: &Path, seed: u64) -> std::process::Child {
     for v in bpe_vars() {
         cmd.env_remove(v);
     }
-    cmd.args([
-        "child_entry",
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD, "1")
-    .env(DB, db)
-    .env(SEED, seed.to_string())
-    .env("BPE_MAX_SERVER_MEMORY_MB", "1")
-    .env("BPE_EXTENSION_FILE", ext)
-    .env("BPE_EXTENSION_SIZE", "8MB")
-    .env("BPE_EXTENSION_SHARED", "1")
-    .stdin(Stdio::null())
-    .stdout(std::fs::File::create(out).unwrap())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap()
+    cmd.args(CHILD_ARGS)
+        .env(CHILD, "1")
+        .env(DB, db)
+        .env(SEED, seed.to_string())
+        .env("BPE_MAX_SERVER_MEMORY_MB", "1")
+        .env("BPE_EXTENSION_FILE", ext)
+        .env("BPE_EXTENSION_SIZE", "8MB")
+        .env("BPE_EXTENSION_SHARED", "1")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(out).unwrap())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// Pages read from the extension that another process had loaded, as a child last reported.

@@ -303,14 +303,9 @@ const CHILD_WAL: &str = "BPE_WT_WAL";
 #[test]
 #[ignore = "run by the wal_transfers tests as a child process"]
 fn child_entry() {
-    let Ok(slot) = std::env::var(CHILD) else {
+    let Some(slot) = child_mode(CHILD) else {
         return;
     };
-    std::panic::set_hook(Box::new(|info| {
-        println!("CHILD PANIC: {info}");
-        eprintln!("CHILD PANIC: {info}");
-        std::process::abort();
-    }));
     let dir = PathBuf::from(std::env::var(CHILD_DIR).unwrap());
     let slot: usize = slot.parse().unwrap();
     let ctx = Ctx {
@@ -820,20 +815,14 @@ fn spawn(slot: usize, n: usize, dir: &Path, wal: bool, seed: u64) -> Incarnation
     let out = dir.join(format!("slot-{slot}-{n}.out"));
     let err = dir.join(format!("slot-{slot}-{n}.err"));
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "child_entry",
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD, slot.to_string())
-    .env(CHILD_DIR, dir)
-    .env(CHILD_SEED, seed.to_string())
-    .env(CHILD_WAL, if wal { "1" } else { "0" })
-    .stdin(Stdio::null())
-    .stdout(std::fs::File::create(&out).unwrap())
-    .stderr(std::fs::File::create(&err).unwrap());
+    cmd.args(CHILD_ARGS)
+        .env(CHILD, slot.to_string())
+        .env(CHILD_DIR, dir)
+        .env(CHILD_SEED, seed.to_string())
+        .env(CHILD_WAL, if wal { "1" } else { "0" })
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap());
     for v in bpe_vars() {
         cmd.env_remove(v);
     }

@@ -277,3 +277,40 @@ pub fn collect_sqlite_log() {
 pub fn sqlite_log() -> Vec<String> {
     SQLITE_LOG.lock().unwrap().clone()
 }
+
+/// What makes this test binary run only its `child_entry`: an ignored test that does nothing
+/// unless the file's child variable is set. Every multi-process test starts its children so.
+#[allow(dead_code)]
+pub const CHILD_ARGS: [&str; 5] = [
+    "child_entry",
+    "--exact",
+    "--ignored",
+    "--nocapture",
+    "--test-threads=1",
+];
+
+/// This test binary again, as a child in `mode` (`var` = `mode`), with none of the engine's
+/// variables of this process: the child sets what it is given.
+#[allow(dead_code)]
+pub fn child_command(var: &str, mode: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(CHILD_ARGS).env(var, mode);
+    for v in bpe_vars() {
+        cmd.env_remove(v);
+    }
+    cmd
+}
+
+/// The child's side: its mode, if this process was started with `var` set. A panic in any
+/// of its threads then ends it at once, "CHILD PANIC" and the message on stdout and stderr
+/// (the parent sees it die by itself, and may look for the words).
+#[allow(dead_code)]
+pub fn child_mode(var: &str) -> Option<String> {
+    let mode = std::env::var(var).ok()?;
+    std::panic::set_hook(Box::new(|info| {
+        println!("CHILD PANIC: {info}");
+        eprintln!("CHILD PANIC: {info}");
+        std::process::abort();
+    }));
+    Some(mode)
+}
