@@ -443,30 +443,5 @@ unsafe extern "C" fn shm_barrier(f: *mut sqlite3_file) {
 }
 
 /// Without xFetch: SQLite never memory-maps past the cache.
-const fn methods(version: c_int) -> sqlite3_io_methods {
-    let v2 = version >= 2;
-    sqlite3_io_methods {
-        iVersion: version,
-        xClose: Some(close),
-        xRead: Some(read),
-        xWrite: Some(write),
-        xTruncate: Some(truncate),
-        xSync: Some(sync),
-        xFileSize: Some(file_size),
-        xLock: Some(lock),
-        xUnlock: Some(unlock),
-        xCheckReservedLock: Some(check_reserved_lock),
-        xFileControl: Some(file_control),
-        xSectorSize: Some(sector_size),
-        xDeviceCharacteristics: Some(device_characteristics),
-        xShmMap: if v2 { Some(shm_map) } else { None },
-        xShmLock: if v2 { Some(shm_lock) } else { None },
-        xShmBarrier: if v2 { Some(shm_barrier) } else { None },
-        xShmUnmap: if v2 { Some(shm_unmap) } else { None },
-        xFetch: None,
-        xUnfetch: None,
-    }
-}
-
-static METHODS_V1: sqlite3_io_methods = methods(1);
-static METHODS_V2: sqlite3_io_methods = methods(2);
+static METHODS_V1: sqlite3_io_methods = io_methods!(1);
+static METHODS_V2: sqlite3_io_methods = io_methods!(2);

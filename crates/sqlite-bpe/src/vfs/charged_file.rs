@@ -74,27 +74,7 @@ pub unsafe fn install(f: *mut sqlite3_file, engine: Arc<Engine>) {
 }
 
 /// Version 1: journals and WAL files are neither memory-mapped nor shared-memory files.
-static METHODS: sqlite3_io_methods = sqlite3_io_methods {
-    iVersion: 1,
-    xClose: Some(close),
-    xRead: Some(read),
-    xWrite: Some(write),
-    xTruncate: Some(truncate),
-    xSync: Some(sync),
-    xFileSize: Some(file_size),
-    xLock: Some(lock),
-    xUnlock: Some(unlock),
-    xCheckReservedLock: Some(check_reserved_lock),
-    xFileControl: Some(file_control),
-    xSectorSize: Some(sector_size),
-    xDeviceCharacteristics: Some(device_characteristics),
-    xShmMap: None,
-    xShmLock: None,
-    xShmBarrier: None,
-    xShmUnmap: None,
-    xFetch: None,
-    xUnfetch: None,
-};
+static METHODS: sqlite3_io_methods = io_methods!(1);
 
 /// Charges `op` to the file's device, then returns the unix file to do it on.
 ///

@@ -186,27 +186,7 @@ pub unsafe fn close_real(real: *mut sqlite3_file) -> c_int {
 
 /// Version 3: SQLite's memory-mapped reads (`PRAGMA mmap_size` > 0) are served from L1 in place
 /// (`fetch`); the file itself is never mapped.
-static METHODS: sqlite3_io_methods = sqlite3_io_methods {
-    iVersion: 3,
-    xClose: Some(close),
-    xRead: Some(read),
-    xWrite: Some(write),
-    xTruncate: Some(truncate),
-    xSync: Some(sync),
-    xFileSize: Some(file_size),
-    xLock: Some(lock),
-    xUnlock: Some(unlock),
-    xCheckReservedLock: Some(check_reserved_lock),
-    xFileControl: Some(file_control),
-    xSectorSize: Some(sector_size),
-    xDeviceCharacteristics: Some(device_characteristics),
-    xShmMap: Some(shm_map),
-    xShmLock: Some(shm_lock),
-    xShmBarrier: Some(shm_barrier),
-    xShmUnmap: Some(shm_unmap),
-    xFetch: Some(fetch),
-    xUnfetch: Some(unfetch),
-};
+static METHODS: sqlite3_io_methods = io_methods!(3);
 
 /// The connection and the unix file behind a bpe file object, on this process's engine.
 ///

@@ -8,6 +8,47 @@
 //! file SQLite opens may ever be it (a WAL or a database at the extension's path would be
 //! overwritten by the extension's writer, and the other way round).
 
+/// The `sqlite3_io_methods` table of a bpe file kind, made of the functions the calling module
+/// names `close`, `read`, `write`, ... (every kind names its methods alike, so the table is
+/// written once): version 1 without shared memory or mapped reads (journals, WAL files), 2 with
+/// the shared-memory methods, 3 with `fetch` and `unfetch` too.
+macro_rules! io_methods {
+    (1) => {
+        io_methods!(@ 1, None, None, None, None, None, None)
+    };
+    (2) => {
+        io_methods!(@ 2, Some(shm_map), Some(shm_lock), Some(shm_barrier), Some(shm_unmap), None, None)
+    };
+    (3) => {
+        io_methods!(@ 3, Some(shm_map), Some(shm_lock), Some(shm_barrier), Some(shm_unmap),
+            Some(fetch), Some(unfetch))
+    };
+    (@ $version:expr, $map:expr, $lock:expr, $barrier:expr, $unmap:expr, $fetch:expr,
+        $unfetch:expr) => {
+        libsqlite3_sys::sqlite3_io_methods {
+            iVersion: $version,
+            xClose: Some(close),
+            xRead: Some(read),
+            xWrite: Some(write),
+            xTruncate: Some(truncate),
+            xSync: Some(sync),
+            xFileSize: Some(file_size),
+            xLock: Some(lock),
+            xUnlock: Some(unlock),
+            xCheckReservedLock: Some(check_reserved_lock),
+            xFileControl: Some(file_control),
+            xSectorSize: Some(sector_size),
+            xDeviceCharacteristics: Some(device_characteristics),
+            xShmMap: $map,
+            xShmLock: $lock,
+            xShmBarrier: $barrier,
+            xShmUnmap: $unmap,
+            xFetch: $fetch,
+            xUnfetch: $unfetch,
+        }
+    };
+}
+
 mod base_file;
 mod change_detect;
 mod charged_file;
