@@ -6,6 +6,17 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+/// An invariant the cache's promises rest on (never a stale page, clean pages only, entries
+/// that point at bytes that are there): checked in debug builds, and in every build with the
+/// `strict` feature (the Shuttle and simulation runs in CI), as foyer's `strict_assert!`.
+macro_rules! strict_assert {
+    ($($arg:tt)+) => {
+        if cfg!(any(debug_assertions, feature = "strict")) {
+            assert!($($arg)+);
+        }
+    };
+}
+
 pub mod config;
 pub mod counters;
 mod engine;

@@ -148,6 +148,10 @@ impl Extension {
                     if entries.len() == capacity {
                         break 'regions;
                     }
+                    // Only pages of the files vouched for, each where its region holds it:
+                    // what a restore will take on trust once the file's stamp matches.
+                    strict_assert!(loc.offset / REGION_BYTES == region as u64);
+                    strict_assert!(loc.offset % REGION_BYTES + loc.len as u64 <= REGION_BYTES);
                     keys.push(key);
                     entries.push(SavedEntry {
                         file,

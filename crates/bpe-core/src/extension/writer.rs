@@ -235,6 +235,17 @@ impl Writer {
         let bytes = round_up(at, DIRECT_IO_ALIGN);
         self.buf[at..bytes].fill(0);
         let offset = self.region as u64 * REGION_BYTES + self.fill as u64;
+        // The batch lands inside the region, at an O_DIRECT boundary, and a shared extension's
+        // writer writes only into a region it holds (issue 27, item 6).
+        strict_assert!(
+            self.fill + bytes <= REGION_BYTES as usize,
+            "a batch past its region"
+        );
+        strict_assert!(offset.is_multiple_of(DIRECT_IO_ALIGN as u64));
+        strict_assert!(
+            !ext.is_shared() || self.claim.is_some(),
+            "a write without a claim"
+        );
         ext.counters.ext_outstanding_io.fetch_add(1, Relaxed);
         let res = ext.file.write_at(offset, &self.buf[..bytes]);
         ext.counters.ext_outstanding_io.fetch_sub(1, Relaxed);

@@ -423,7 +423,9 @@ impl SharedIndex {
         if let Some(slot) = self.slot_of(t, file, id) {
             t.remove(PageKey::new(t.files[slot as usize].key, page));
         }
-        self.atomics(self.layout.pending)[Self::stripe_of(id, page)].fetch_sub(1, Ordering::SeqCst);
+        let before = self.atomics(self.layout.pending)[Self::stripe_of(id, page)]
+            .fetch_sub(1, Ordering::SeqCst);
+        strict_assert!(before > 0, "a pending invalidation taken back twice");
     }
 
     /// This process's participant slot.
@@ -730,6 +732,10 @@ impl SharedIndex {
             let epoch = slot.epoch;
             g.tables.totals.ring_head = ((r + 1) % regions) as u64;
             stored();
+            strict_assert!(
+                g.tables.region(r).is_empty(),
+                "a claimed region still lists pages"
+            );
             return Some(Claim {
                 region: r,
                 epoch,
@@ -749,6 +755,8 @@ impl SharedIndex {
         }
         let mut indexed = 0;
         for a in pages {
+            // Entries point only at bytes inside the region the writer holds (rule 4).
+            strict_assert!(a.offset + a.len <= g.tables.region_bytes() as usize);
             let f = &g.tables.files[a.file.slot as usize];
             let id = FileIdentity {
                 dev: f.dev,
