@@ -163,9 +163,10 @@ pub struct SharedIndex {
     started: std::time::Instant,
 }
 
-/// How long a lookup, a binding or an invalidation waits for the lock before it gives up: far
-/// less than a slow-disk read, far more than anyone holds it (a few hundred nanoseconds).
-const LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(2);
+/// How long a lookup, a binding or an invalidation waits for the lock before it gives up: about
+/// a slow-disk read, far more than anyone holds it (a few hundred nanoseconds), and more than a
+/// holder preempted on a busy machine usually waits for a CPU (a give-up is a miss).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
 /// After a wait gave up, bounded waits only try the lock for this long.
 const STALL_MS: u64 = 100;
 
