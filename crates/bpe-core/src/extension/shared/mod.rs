@@ -413,7 +413,14 @@ impl SharedIndex {
 
     /// Removes the copies that invalidations made without the lock left in place.
     fn apply_deferred(&self, t: &mut Tables<'_>) {
-        let deferred = std::mem::take(&mut *self.deferred.lock());
+        let mut list = self.deferred.lock();
+        // A forked child has a copy of the list: only the process that made it applies it
+        // (applied twice, a count would go below what other processes' writes still need).
+        if list.is_empty() || std::process::id() != self.pid {
+            return;
+        }
+        let deferred = std::mem::take(&mut *list);
+        drop(list);
         for (file, page, id) in deferred {
             self.remove_copy(t, file, page, id);
         }
