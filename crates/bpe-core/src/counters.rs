@@ -62,6 +62,84 @@ impl StripedCounter {
     }
 }
 
+/// A latency histogram beside the counters (for the monitor): counts in buckets of powers of
+/// two nanoseconds (bucket `i` holds durations in [2^i, 2^(i+1)) ns; bucket 0 also below), lock
+/// free. Cumulative, as the "/sec" counters are: a monitor takes the difference of two
+/// snapshots for an interval's distribution.
+pub struct Histogram {
+    buckets: [AtomicU64; HISTOGRAM_BUCKETS],
+}
+
+/// Up to 2^40 ns (18 minutes); longer lands in the last bucket.
+pub const HISTOGRAM_BUCKETS: usize = 40;
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Histogram {
+    pub fn record(&self, took: std::time::Duration) {
+        let ns = (took.as_nanos() as u64).max(1);
+        let i = (63 - ns.leading_zeros() as usize).min(HISTOGRAM_BUCKETS - 1);
+        self.buckets[i].fetch_add(1, Relaxed);
+    }
+
+    pub fn snapshot(&self, name: &str) -> HistogramSnapshot {
+        HistogramSnapshot {
+            name: name.to_string(),
+            buckets: self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
+        }
+    }
+}
+
+/// A histogram's counts at one moment, by bucket (see [`Histogram`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HistogramSnapshot {
+    pub name: String,
+    pub buckets: Vec<u64>,
+}
+
+impl HistogramSnapshot {
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    /// What was recorded after `earlier` (a snapshot of the same histogram).
+    pub fn since(&self, earlier: &HistogramSnapshot) -> HistogramSnapshot {
+        HistogramSnapshot {
+            name: self.name.clone(),
+            buckets: self
+                .buckets
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| b.saturating_sub(earlier.buckets.get(i).copied().unwrap_or(0)))
+                .collect(),
+        }
+    }
+
+    /// The upper bound, in nanoseconds, of the bucket that holds quantile `q` (0..=1); None if
+    /// nothing was recorded. Within a factor of two of the true value, by construction.
+    pub fn quantile_ns(&self, q: f64) -> Option<u64> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, &b) in self.buckets.iter().enumerate() {
+            seen += b;
+            if seen >= rank {
+                return Some(1u64 << (i + 1));
+            }
+        }
+        Some(1u64 << self.buckets.len())
+    }
+}
+
 /// Event counts, bumped on the I/O paths.
 #[derive(Default)]
 pub struct Counters {
@@ -93,6 +171,8 @@ pub struct Counters {
     /// beyond them is the engine's.
     pub ext_read_requests: AtomicU64,
     pub ext_read_micros: AtomicU64,
+    /// The same requests' times, as a distribution.
+    pub ext_read_latency: Histogram,
     /// The same for read requests to the data files (a readahead window is one request).
     pub page_read_requests: AtomicU64,
     pub page_read_micros: AtomicU64,
@@ -422,5 +502,40 @@ impl CounterSnapshot {
                 Cumulative,
             ),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Histogram, HistogramSnapshot};
+    use std::time::Duration;
+
+    #[test]
+    fn a_histogram_places_durations_in_powers_of_two_and_answers_quantiles_within_them() {
+        let h = Histogram::default();
+        for _ in 0..90 {
+            h.record(Duration::from_micros(20)); // 20,000 ns: bucket [16384, 32768)
+        }
+        for _ in 0..10 {
+            h.record(Duration::from_millis(3)); // 3,000,000 ns: [2^21, 2^22)
+        }
+        let before = h.snapshot("t");
+        assert_eq!(before.count(), 100);
+        assert_eq!(before.quantile_ns(0.5), Some(32768));
+        assert_eq!(before.quantile_ns(0.9), Some(32768));
+        assert_eq!(before.quantile_ns(0.99), Some(1 << 22));
+        h.record(Duration::from_nanos(0));
+        let interval = h.snapshot("t").since(&before);
+        assert_eq!(interval.count(), 1);
+        assert_eq!(
+            interval.quantile_ns(0.5),
+            Some(2),
+            "below 1 ns counts in the first bucket"
+        );
+        let empty = HistogramSnapshot {
+            name: "t".into(),
+            buckets: vec![0; 40],
+        };
+        assert_eq!(empty.quantile_ns(0.5), None);
     }
 }

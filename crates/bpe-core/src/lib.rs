@@ -33,7 +33,7 @@ mod readahead;
 pub mod sync;
 
 pub use config::{Config, DeviceEmulation};
-pub use counters::{CounterKind, CounterRow, CounterSnapshot};
+pub use counters::{CounterKind, CounterRow, CounterSnapshot, HistogramSnapshot};
 pub use engine::{
     check_extension_size, check_max_memory, effective_extension_size, BufferDescriptor, Engine,
     ExtensionState, ExtensionStatus, PageRead, PinnedPage, SettingChange, Settings, Via,

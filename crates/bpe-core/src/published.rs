@@ -21,7 +21,7 @@
 //! counter   <cntr_type>  <value>  <counter name>
 //! ```
 
-use crate::counters::{CounterKind, CounterRow};
+use crate::counters::{CounterKind, CounterRow, HistogramSnapshot};
 use crate::io::shm_dir::{base, own_directory, own_directory_in, uid};
 use std::fs;
 use std::io::{Read, Write};
@@ -39,6 +39,8 @@ pub struct Sample {
     pub state: String,
     /// (counter name, cntr_type, value), in the DMV's order.
     pub counters: Vec<(String, i64, i64)>,
+    /// The latency histograms beside the counters (`Engine::histograms`).
+    pub histograms: Vec<HistogramSnapshot>,
 }
 
 impl Sample {
@@ -55,7 +57,19 @@ impl Sample {
                 .iter()
                 .map(|r| (r.name.to_string(), r.kind.cntr_type(), r.value))
                 .collect(),
+            histograms: Vec::new(),
         }
+    }
+
+    /// The sample with the engine's latency histograms.
+    pub fn with_histograms(mut self, histograms: Vec<HistogramSnapshot>) -> Sample {
+        self.histograms = histograms;
+        self
+    }
+
+    /// The histogram `name`, if published.
+    pub fn histogram(&self, name: &str) -> Option<&HistogramSnapshot> {
+        self.histograms.iter().find(|h| h.name == name)
     }
 
     /// The value of counter `name`, if published.
@@ -74,6 +88,10 @@ impl Sample {
         for (name, kind, value) in &self.counters {
             s.push_str(&format!("counter\t{kind}\t{value}\t{name}\n"));
         }
+        for h in &self.histograms {
+            let buckets: Vec<String> = h.buckets.iter().map(u64::to_string).collect();
+            s.push_str(&format!("histogram\t{}\t{}\n", buckets.join(","), h.name));
+        }
         s
     }
 
@@ -88,6 +106,7 @@ impl Sample {
             time_ms: 0,
             state: String::new(),
             counters: Vec::new(),
+            histograms: Vec::new(),
         };
         for line in lines {
             let (key, rest) = line.split_once('\t')?;
@@ -101,6 +120,17 @@ impl Sample {
                     let kind = f.next()?.parse().ok()?;
                     let value = f.next()?.parse().ok()?;
                     s.counters.push((f.next()?.to_string(), kind, value));
+                }
+                "histogram" => {
+                    let (buckets, name) = rest.split_once('\t')?;
+                    let buckets = buckets
+                        .split(',')
+                        .map(|b| b.parse().ok())
+                        .collect::<Option<Vec<u64>>>()?;
+                    s.histograms.push(HistogramSnapshot {
+                        name: name.to_string(),
+                        buckets,
+                    });
                 }
                 _ => {} // a later version's item: skipped
             }
@@ -250,6 +280,10 @@ mod tests {
                 ("Page lookups/sec".into(), 272696576, 12),
                 ("Buffer cache hit ratio".into(), 537003264, 9),
             ],
+            histograms: vec![HistogramSnapshot {
+                name: "Extension read time".into(),
+                buckets: vec![0, 3, 0, 1],
+            }],
         }
     }
 

@@ -56,6 +56,11 @@ fn what_one_engine_loads_the_other_reads_from_l2_and_a_write_invalidates_it_for_
         "counted as other participants' pages"
     );
     assert_eq!(k.ext_shared_processes, 2);
+    // The histograms beside the counters: every L2 read request timed, every lock wait too.
+    let h = b.histograms();
+    let count = |name: &str| h.iter().find(|h| h.name == name).map(|h| h.count());
+    assert_eq!(count("Extension read time"), Some(k.ext_read_requests));
+    assert!(count("Extension shared lock wait").is_some_and(|n| n >= 64));
     assert!(b
         .descriptors()
         .iter()

@@ -72,6 +72,28 @@ pub fn shown(before: &Sample, now: &Sample) -> Vec<Shown> {
         .collect()
 }
 
+/// The latency histograms' quantiles over the interval from `before` to `now` (since the
+/// start if nothing was recorded in it), for the header: "extension reads p50 32 µs, p99 64 µs".
+pub fn latency_line(before: &Sample, now: &Sample) -> String {
+    let us = |ns: u64| {
+        if ns < 2_000 {
+            format!("{ns} ns")
+        } else {
+            format!("{} µs", ns / 1000)
+        }
+    };
+    now.histograms
+        .iter()
+        .filter_map(|h| {
+            let interval = before.histogram(&h.name).map_or(h.clone(), |b| h.since(b));
+            let h = if interval.count() > 0 { &interval } else { h };
+            let (p50, p99) = (h.quantile_ns(0.5)?, h.quantile_ns(0.99)?);
+            Some(format!("{}: p50 < {}, p99 < {}", h.name, us(p50), us(p99)))
+        })
+        .collect::<Vec<_>>()
+        .join("   ")
+}
+
 /// The process's command line, for the list and the header. A process started through
 /// `/proc/self/exe` (the benchmarks' and the demo's configurations re-run their own program that
 /// way) shows that as its first word, in every process: the executable it names is read instead.
@@ -217,6 +239,14 @@ fn once(pid: i32, json: bool) -> anyhow::Result<()> {
             "pid": pid, "time_ms": b.time_ms, "state": b.state,
             "interval_s": (b.time_ms - a.time_ms) as f64 / 1000.0,
             "counters": counters,
+            "histograms": b.histograms.iter().map(|h| {
+                let interval = a.histogram(&h.name).map_or(h.clone(), |earlier| h.since(earlier));
+                serde_json::json!({
+                    "name": h.name, "buckets_ns_log2": h.buckets,
+                    "interval_p50_ns": interval.quantile_ns(0.5),
+                    "interval_p99_ns": interval.quantile_ns(0.99),
+                })
+            }).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -224,6 +254,10 @@ fn once(pid: i32, json: bool) -> anyhow::Result<()> {
     println!("process {pid}: {}  ({})", command_of(pid), b.state);
     for r in &rows {
         println!("{}", format_row(r));
+    }
+    let latency = latency_line(&a, &b);
+    if !latency.is_empty() {
+        println!("{latency}");
     }
     Ok(())
 }
@@ -252,11 +286,12 @@ fn live(pid: i32) -> anyhow::Result<()> {
     let mut last = read_live(pid)?;
     let mut history: Vec<VecDeque<u64>> = vec![VecDeque::new(); CHARTED.len()];
     let mut rows: Vec<Shown> = shown(&last, &last);
+    let mut latency = latency_line(&last, &last);
     let command = command_of(pid);
     let mut terminal = ratatui::init();
     let result = (|| -> anyhow::Result<()> {
         loop {
-            terminal.draw(|f| draw(f, pid, &command, &last, &rows, &history))?;
+            terminal.draw(|f| draw(f, pid, &command, &last, &rows, &latency, &history))?;
             if event::poll(Duration::from_millis(200))? {
                 if let Event::Key(k) = event::read()? {
                     if matches!(k.code, KeyCode::Char('q') | KeyCode::Esc) {
@@ -269,6 +304,7 @@ fn live(pid: i32) -> anyhow::Result<()> {
             };
             if now.time_ms > last.time_ms {
                 rows = shown(&last, &now);
+                latency = latency_line(&last, &now);
                 for (h, name) in history.iter_mut().zip(CHARTED) {
                     let rate = rows.iter().find(|r| r.name == name);
                     h.push_back(rate.and_then(|r| r.per_second).unwrap_or(0.0) as u64);
@@ -290,6 +326,7 @@ fn draw(
     command: &str,
     now: &Sample,
     rows: &[Shown],
+    latency: &str,
     history: &[VecDeque<u64>],
 ) {
     use ratatui::layout::{Constraint, Layout};
@@ -297,7 +334,7 @@ fn draw(
     let ratio = |name: &str| rows.iter().find(|r| r.name == name).and_then(|r| r.ratio);
     let value = |name: &str| now.value(name).unwrap_or(0);
     let [header, gauges, charts, table] = Layout::vertical([
-        Constraint::Length(2),
+        Constraint::Length(3),
         Constraint::Length(3),
         Constraint::Length(3 * CHARTED.len() as u16),
         Constraint::Min(5),
@@ -306,7 +343,7 @@ fn draw(
     let data_us = ratio("Page avg read time (us)").unwrap_or(0.0);
     f.render_widget(
         Paragraph::new(format!(
-            "sqlite-bpe monitor  pid {pid}  {}  read time: data file {data_us:.0} µs\n{}   (q quits)",
+            "sqlite-bpe monitor  pid {pid}  {}  read time: data file {data_us:.0} µs\n{latency}\n{}   (q quits)",
             now.state, command
         )),
         header,
@@ -385,7 +422,32 @@ mod tests {
                 .iter()
                 .map(|&(n, k, v)| (n.to_string(), k, v))
                 .collect(),
+            histograms: Vec::new(),
         }
+    }
+
+    #[test]
+    fn latency_quantiles_are_taken_over_the_interval() {
+        use bpe_core::HistogramSnapshot;
+        let h = |buckets: Vec<u64>| HistogramSnapshot {
+            name: "Extension read time".into(),
+            buckets,
+        };
+        let mut a = sample(1_000, &[]);
+        a.histograms = vec![h(vec![0; 40])];
+        a.histograms[0].buckets[14] = 1_000; // 1,000 reads of 16-32 µs before the interval
+        let mut b = a.clone();
+        b.histograms[0].buckets[21] = 10; // then 10 of 2-4 ms
+        assert_eq!(
+            latency_line(&a, &b),
+            "Extension read time: p50 < 4194 µs, p99 < 4194 µs"
+        );
+        // Nothing in the interval: since the start.
+        assert_eq!(
+            latency_line(&a, &a),
+            "Extension read time: p50 < 32 µs, p99 < 32 µs"
+        );
+        assert_eq!(latency_line(&sample(1, &[]), &sample(2, &[])), "");
     }
 
     #[test]

@@ -111,6 +111,15 @@ fn the_monitor_lists_a_live_engine_reads_its_rates_and_forgets_it_when_it_exits(
     assert!(counter("Page lookups/sec")["per_second"].as_f64().is_some());
     let hit = counter("Buffer cache hit ratio")["ratio"].as_f64().unwrap();
     assert!((0.0..=100.0).contains(&hit), "{hit}");
+    // The histograms beside the counters are published too.
+    let histograms = sample["histograms"].as_array().expect("histograms");
+    assert!(
+        histograms.iter().any(|h| h["name"] == "Extension read time"
+            && h["buckets_ns_log2"]
+                .as_array()
+                .is_some_and(|b| b.len() == 40)),
+        "{sample}"
+    );
 
     drop(stdin); // end of script: the shell exits
     assert!(shell.wait().unwrap().success());

@@ -157,7 +157,8 @@ fn publish_every_second(engine: std::sync::Weak<Engine>, gen: u64) {
         let sample = published::Sample::now(
             &e.counters().rows(),
             e.extension_status().state.description(),
-        );
+        )
+        .with_histograms(e.histograms());
         drop(e);
         if let Err(e) = published::publish(&sample) {
             if e.kind() == std::io::ErrorKind::PermissionDenied {

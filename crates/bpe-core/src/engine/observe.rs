@@ -70,6 +70,25 @@ impl Engine {
         CounterSnapshot::take(&self.counters, &gauges)
     }
 
+    /// The latency histograms beside the counters (cumulative, as the counters are): the
+    /// extension's read requests, and, for a shared extension, this process's waits for the
+    /// shared index's lock.
+    pub fn histograms(&self) -> Vec<crate::counters::HistogramSnapshot> {
+        let mut h = vec![self
+            .counters
+            .ext_read_latency
+            .snapshot("Extension read time")];
+        if let Some(s) = self
+            .extension
+            .read()
+            .as_ref()
+            .and_then(|e| e.shared().map(|s| s.lock_wait()))
+        {
+            h.push(s);
+        }
+        h
+    }
+
     /// Every cached copy of every page, by file and page. Copies of a file's pages from before
     /// it got a new key are not cached pages any more and are not listed.
     pub fn descriptors(&self) -> Vec<BufferDescriptor> {

@@ -524,8 +524,10 @@ impl Extension {
         c.ext_outstanding_io.fetch_add(1, Relaxed);
         let started = Instant::now();
         let res = self.file.read_at(offset, buf);
+        let took = started.elapsed();
         c.ext_read_micros
-            .fetch_add(started.elapsed().as_micros() as u64, Relaxed);
+            .fetch_add(took.as_micros() as u64, Relaxed);
+        c.ext_read_latency.record(took);
         c.ext_read_requests.fetch_add(1, Relaxed);
         c.ext_outstanding_io.fetch_sub(1, Relaxed);
         res

@@ -157,6 +157,8 @@ pub struct SharedIndex {
     deferred: crate::sync::Mutex<Vec<(SharedFile, u64, FileIdentity)>>,
     /// Times a bounded wait for the lock gave up (a miss, or a deferred invalidation).
     lock_timeouts: AtomicU64,
+    /// How long this process waited for the lock, each time it took it.
+    lock_wait: crate::counters::Histogram,
     /// Until when (ms since `started`) a holder is taken to be stalled: bounded waits then
     /// only try the lock, so that a stopped holder costs each lookup nothing more.
     stalled_until_ms: AtomicU64,
@@ -257,6 +259,7 @@ impl SharedIndex {
             broken: AtomicBool::new(false),
             deferred: crate::sync::Mutex::new(crate::sync::Rank::Leaf, Vec::new()),
             lock_timeouts: AtomicU64::new(0),
+            lock_wait: Default::default(),
             stalled_until_ms: AtomicU64::new(0),
             started: std::time::Instant::now(),
         };
@@ -382,8 +385,12 @@ impl SharedIndex {
             return None;
         }
         let mutex = &self.header().mutex;
+        let started = std::time::Instant::now();
         let found = match wait.map_or_else(|| mutex.lock().map(Some), |w| mutex.lock_within(w)) {
-            Ok(Some(found)) => found,
+            Ok(Some(found)) => {
+                self.lock_wait.record(started.elapsed());
+                found
+            }
             Ok(None) => return None,
             Err(e) => {
                 log::error!("shared buffer pool extension: its lock is unusable ({e}); missing");
@@ -832,6 +839,11 @@ impl SharedIndex {
             lock_timeouts,
             resident_bytes,
         }
+    }
+
+    /// How long this process waited for the lock, each time it took it.
+    pub fn lock_wait(&self) -> crate::counters::HistogramSnapshot {
+        self.lock_wait.snapshot("Extension shared lock wait")
     }
 
     /// Checks the index is sound (tests, and survivors in the crash tests).
