@@ -17,7 +17,7 @@
 //! nothing, so a change nobody could attribute reached the file's current key only through
 //! every other process's own change detection (now `forget_file` finds the file by identity).
 
-use super::tests::{die_after_store, geometry, setup, stamp};
+use super::tests::{die_after_store, geometry, resume, setup, stamp, stop_holding_the_lock};
 use super::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::collections::HashMap;
@@ -262,33 +262,12 @@ impl Sim {
     /// A forked child takes the lock as participant `p` and stops (SIGSTOP); the others take
     /// a few steps meanwhile; then it continues, unlocks and exits.
     fn stall(&mut self, p: usize, n: usize) {
-        let index = &self.parts[p].index;
-        // SAFETY: the child takes the lock, stops, and once continued unlocks and exits.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            let g = index.lock();
-            // SAFETY: stops the child until SIGCONT.
-            unsafe { libc::raise(libc::SIGSTOP) };
-            drop(g);
-            // SAFETY: ends the child without running the parent's destructors.
-            unsafe { libc::_exit(0) };
-        }
-        let mut status = 0;
-        // SAFETY: waits for the child just forked to stop.
-        unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
-        assert!(
-            libc::WIFSTOPPED(status),
-            "seed {}: the holder did not stop",
-            self.seed
-        );
+        let pid = stop_holding_the_lock(&self.parts[p].index);
         self.stalls += 1;
         for _ in 0..self.rng.gen_range(1..30) {
             self.step(n, true);
         }
-        // SAFETY: continues the child (it unlocks and exits).
-        unsafe { libc::kill(pid, libc::SIGCONT) };
-        // SAFETY: waits for the child to exit.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
+        resume(pid);
     }
 
     /// A write through participant `p`: invalidated before and after the bytes go to the file,

@@ -441,6 +441,39 @@ pub(super) fn die_after_store(at: u32, change: impl FnOnce()) -> bool {
     libc::WEXITSTATUS(status) == 0
 }
 
+/// Forks a child that takes `index`'s lock as its participant and stops (SIGSTOP, as a
+/// debugger or a paused container would stop it); returns its pid once it has stopped.
+pub(super) fn stop_holding_the_lock(index: &SharedIndex) -> libc::pid_t {
+    // SAFETY: the child takes the lock, stops, and once continued unlocks and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let g = index.lock();
+        // SAFETY: stops this (the child) process until SIGCONT.
+        unsafe { libc::raise(libc::SIGSTOP) };
+        drop(g);
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked to stop.
+    unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
+    assert!(libc::WIFSTOPPED(status), "the holder did not stop");
+    pid
+}
+
+/// Continues a child `stop_holding_the_lock` stopped: it unlocks and exits.
+pub(super) fn resume(pid: libc::pid_t) {
+    // SAFETY: continues the child, then waits for it to exit.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let mut status = 0;
+    // SAFETY: waits for the child to exit.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status),
+        "the holder did not exit: {status:#x}"
+    );
+}
+
 /// A process that has been watching one data file, as `Attached` does: it reads under its
 /// binding, follows a key another process moved on, and binds again from the file's stamp
 /// when its slot no longer holds the file.
@@ -714,20 +747,7 @@ fn a_stopped_lock_holder_costs_a_bounded_wait_and_never_a_stale_page() {
     let claim = a.claim_region().unwrap();
     assert_eq!(admit(&a, claim, f, 1, a.epoch(id, 1)), 1);
 
-    // SAFETY: the child takes the lock, stops, and once continued unlocks and exits.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        let g = c.lock();
-        // SAFETY: stops this (the child) process until SIGCONT.
-        unsafe { libc::raise(libc::SIGSTOP) };
-        drop(g);
-        // SAFETY: ends the child without running the parent's destructors.
-        unsafe { libc::_exit(0) };
-    }
-    let mut status = 0;
-    // SAFETY: waits for the child just forked to stop.
-    unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
-    assert!(libc::WIFSTOPPED(status), "the holder did not stop");
+    let pid = stop_holding_the_lock(&c);
 
     // Without the bound each call waits for the holder forever: they run on a thread, and the
     // holder is killed if they are not done within 10 s.
@@ -759,11 +779,7 @@ fn a_stopped_lock_holder_costs_a_bounded_wait_and_never_a_stale_page() {
     assert_eq!(binding, None);
     assert!(timeouts >= 1, "the timeouts are counted");
 
-    // SAFETY: continues the child; it unlocks and exits.
-    unsafe { libc::kill(pid, libc::SIGCONT) };
-    // SAFETY: waits for the child to exit.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
-    assert!(libc::WIFEXITED(status));
+    resume(pid);
     // b's removal has not run yet (b has not locked since): the copy is still indexed, but
     // page 1 was written after it, so no lookup may find it.
     assert_eq!(
