@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 venv="$(pwd)/target/py-venv"
 rm -rf "$venv"
 /usr/bin/python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check ./bindings/python pytest apsw
+"$venv/bin/pip" install -q --disable-pip-version-check ./bindings/python pytest apsw gunicorn
 # Out of the source tree, so that the installed package (with its library) is the one imported.
 cd bindings/python/tests
 "$venv/bin/python" -m pytest -q .

@@ -237,3 +237,110 @@ print("child", child)
     private = run(code, tmp_path, env=env)
     assert f"parent {enabled}" in private, private
     assert f"child {enabled}" not in private and "child (None, " in private, private
+
+
+GUNICORN_APP = """
+import json, os, sqlite3, sqlite_bpe
+
+# Each worker loads the extension when gunicorn imports this module in it (no --preload): its
+# engine enables the extension the environment names, with nothing said about sharing.
+sqlite_bpe.load(sqlite3.connect(":memory:"), default_vfs=True)
+
+def app(environ, start_response):
+    db = sqlite3.connect(os.environ["APP_DB"], isolation_level=None)
+    total = db.execute("SELECT sum(length(n)) FROM t").fetchone()[0]
+    counters = dict(db.execute(
+        "SELECT counter_name, cntr_value FROM bpe_performance_counters"))
+    path, state, sharing = db.execute(
+        "SELECT path, state, sharing FROM bpe_extension_configuration").fetchone()
+    db.close()
+    body = json.dumps({
+        "pid": os.getpid(), "sum": total, "path": path, "state": state, "sharing": sharing,
+        "ext_reads": counters["Extension page reads/sec"],
+        "others": counters["Extension page reads of other processes' pages/sec"],
+    }).encode()
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [body]
+"""
+
+
+def test_gunicorn_workers_without_preload_share_one_extension_from_the_file_variable(tmp_path):
+    """Issue 27: 4 sync workers, no --preload, only the extension's file (and size) in the
+    environment. Every worker enables the same extension, shared, and reads the pages another
+    worker put there: one extension for the server, not one per worker (before, the second
+    worker to enable it ran with none)."""
+    gunicorn = pytest.importorskip("gunicorn")
+    import json
+    import socket
+    import time
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    rows = 8000  # ~5 MB of 500-byte rows: far more pages than one scan leaves in doubt
+    db = tmp_path / "app.db"
+    import sqlite3
+
+    plain = sqlite3.connect(db, isolation_level=None)
+    plain.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, n TEXT)")
+    plain.execute(
+        "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ?) "
+        "INSERT INTO t SELECT i, printf('%.500c', 'A') FROM c",
+        (rows,),
+    )
+    plain.close()
+    (tmp_path / "app.py").write_text(GUNICORN_APP)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ext = str(tmp_path / "server.bpe")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BPE_")}
+    env.update(
+        APP_DB=str(db),
+        BPE_EXTENSION_FILE=ext,
+        BPE_EXTENSION_SIZE="256 MB",
+        BPE_MAX_SERVER_MEMORY_MB="64",
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "--workers", "4", "--worker-class", "sync",
+         "--bind", f"127.0.0.1:{port}", "--chdir", str(tmp_path), "app:app"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+    def ask():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as r:
+            return json.loads(r.read())
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                first = ask()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "gunicorn did not start"
+                time.sleep(0.2)
+        assert first["sum"] == rows * 500, first
+        # The first scan's pages reach the extension off the query path; then every worker
+        # scans, concurrently so that the 4 sync workers all take requests, until each has
+        # answered and each but the first has read pages another worker wrote.
+        time.sleep(1.0)
+        seen = {first["pid"]: first}
+        while time.monotonic() < deadline:
+            with ThreadPoolExecutor(8) as pool:
+                for answer in pool.map(lambda _: ask(), range(8)):
+                    assert answer["sum"] == rows * 500, answer
+                    seen[answer["pid"]] = answer
+            others = [a for pid, a in seen.items() if pid != first["pid"]]
+            if len(seen) == 4 and all(a["others"] > 0 for a in others):
+                break
+            time.sleep(0.2)
+    finally:
+        server.terminate()
+        out, _ = server.communicate(timeout=30)
+    answers = list(seen.values())
+    assert len(seen) == 4, f"only workers {sorted(seen)} answered\n{out}"
+    for a in answers:
+        assert (a["path"], a["state"], a["sharing"]) == (ext, 5, "shared"), (a, out)
+    for a in answers:
+        if a["pid"] != first["pid"]:
+            assert a["others"] > 0, f"worker {a['pid']} read no page another wrote: {answers}"

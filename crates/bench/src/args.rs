@@ -32,7 +32,7 @@ pub enum Experiment {
     /// SQLite writer process.
     Autocommit(AutocommitArgs),
     /// Four worker processes running the lookup workload on one database: one shared extension
-    /// (BPE_EXTENSION_SHARED=1) against an extension each, and stock SQLite on a real device.
+    /// (the default) against an extension each (BPE_EXTENSION_SHARED=0), and stock SQLite on a real device.
     /// The first worker warms up with a full scan; then the others start.
     Workers(WorkersArgs),
     /// Draws the plot of a saved --json result again.

@@ -2,9 +2,10 @@
 //! workload on one database, each with its own max server memory, and the arms differ in their
 //! second tier:
 //!
-//! - `shared`: one extension for all of them (`BPE_EXTENSION_SHARED=1`, one file, one index in
+//! - `shared`: one extension for all of them (the default, one file, one index in
 //!   shared memory);
-//! - `private`: an extension of the same size for each (four files, four indexes);
+//! - `private`: an extension of the same size for each (`BPE_EXTENSION_SHARED=0`: four files,
+//!   four indexes);
 //! - `stock`: stock SQLite with the same memory each (page cache, OS page cache in a memory
 //!   cgroup per process), on a real data device only (the emulation is bpe's).
 //!
@@ -116,6 +117,7 @@ fn run_arm(
     let _ = std::fs::remove_file(&ready);
     let env: &[(&str, &str)] = match arm {
         "shared" => &[("BPE_EXTENSION_SHARED", "1")],
+        "private" => &[("BPE_EXTENSION_SHARED", "0")],
         _ => &[],
     };
     // Stock SQLite's OS page cache is held to its budget by a memory cgroup per worker, alive

@@ -110,15 +110,12 @@ fn lookup_runs_all_bpe_configurations() {
         "a cold run read nothing from the data file: {cold}"
     );
     assert!(v["summary"]["limited_memory_over_bpe"].as_f64().is_some());
-    // The restart: a new process took over the file the warming one left, and its lookups
-    // read the extension, not the data file.
+    // The restart: a new process took over the extension the warming one left (shared, the
+    // default: from the shared memory left beside the file, with no checkpoint to restore),
+    // and its lookups read the extension, not the data file.
     let restart = &v["configs"][7];
     let restore = &restart["details"]["restore"];
     assert_eq!(restore["settled"], true, "{restart}");
-    assert!(
-        restore["pages_restored"].as_u64().unwrap() > 1000,
-        "{restart}"
-    );
     assert_eq!(restore["pages_not_restored"], 0, "{restart}");
     assert!(
         restart["counters"]["ext_page_reads"].as_u64().unwrap()

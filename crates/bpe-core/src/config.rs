@@ -152,9 +152,46 @@ pub struct Config {
     pub data_device: Option<DeviceEmulation>,
     /// How often the extension checkpoints its index while it changes.
     pub checkpoint_interval: std::time::Duration,
-    /// Share the extension with the other processes of this user that enable one at the same
-    /// path with this set (see `extension/shared`); off: the extension is this process's own.
+    /// How an extension enabled without saying is used: shared (the default) with the other
+    /// processes of this user that enable one at the same path (see `extension/shared`), or,
+    /// off, this process's own (`Sharing::Private`: its warm restart survives a reboot).
     pub shared_extension: bool,
+}
+
+/// Whether an extension is shared with the other processes of this user that enable one at
+/// the same path, or is this process's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    /// One ring and one index in shared memory for every process at the path (the default).
+    Shared,
+    /// This process's own: refused while another process uses the path. Its index is
+    /// checkpointed into the file, so a restart, even after a reboot, starts warm.
+    Private,
+}
+
+impl Sharing {
+    pub fn is_shared(self) -> bool {
+        self == Sharing::Shared
+    }
+
+    /// The lower-case word the status and the statements use.
+    pub fn word(self) -> &'static str {
+        match self {
+            Sharing::Shared => "shared",
+            Sharing::Private => "private",
+        }
+    }
+}
+
+impl Config {
+    /// The sharing of an extension enabled without saying.
+    pub fn default_sharing(&self) -> Sharing {
+        if self.shared_extension {
+            Sharing::Shared
+        } else {
+            Sharing::Private
+        }
+    }
 }
 
 impl Default for Config {
@@ -165,7 +202,7 @@ impl Default for Config {
             readahead: true,
             data_device: None,
             checkpoint_interval: CHECKPOINT_INTERVAL,
-            shared_extension: false,
+            shared_extension: true,
         }
     }
 }

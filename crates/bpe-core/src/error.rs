@@ -56,6 +56,15 @@ pub enum Error {
     )]
     ExtensionAlreadyEnabled { path: PathBuf },
 
+    #[error(
+        "buffer pool extension at {path:?} is enabled {enabled}; turn it OFF first to enable it {asked}"
+    )]
+    ExtensionSharingDiffers {
+        path: PathBuf,
+        enabled: &'static str,
+        asked: &'static str,
+    },
+
     #[error("buffer pool extension is not enabled")]
     ExtensionNotEnabled,
 
@@ -91,8 +100,8 @@ pub enum ExtensionRefusal {
     /// Another process holds the extension for itself (a private extension, or one being laid
     /// out).
     #[error(
-        "another process's buffer pool extension is using it for itself; enable it shared \
-         (BPE_EXTENSION_SHARED=1) in every process to share one"
+        "another process's buffer pool extension is using it for itself (SHARED = OFF or \
+         BPE_EXTENSION_SHARED=0); leave sharing on, the default, in every process to share one"
     )]
     HeldForItself,
     /// Another process's private extension (found while taking a left-over file over).

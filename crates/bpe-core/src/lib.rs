@@ -32,7 +32,7 @@ mod readahead;
 /// The ranked locks, for clients that keep per-file state under the engine's lock order.
 pub mod sync;
 
-pub use config::{Config, DeviceEmulation};
+pub use config::{Config, DeviceEmulation, Sharing};
 pub use counters::{CounterKind, CounterRow, CounterSnapshot, HistogramSnapshot};
 pub use engine::{
     check_extension_size, check_max_memory, effective_extension_size, BufferDescriptor, Engine,

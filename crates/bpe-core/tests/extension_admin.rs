@@ -289,7 +289,11 @@ fn a_batch_of_changes_is_checked_in_order_against_what_each_leaves_and_changes_n
     let engine = engine(16 << 20);
     let ext = dir.path().join("ext.bpe");
     let other = dir.path().join("other.bpe");
-    let on = |path, size| ExtensionOn { path, size };
+    let on = |path, size| ExtensionOn {
+        path,
+        size,
+        sharing: None,
+    };
     let before = (engine.settings(), listing(dir.path()));
     // 64 MB needs memory above 16 MB: refused alone, accepted after a memory raise.
     assert!(matches!(

@@ -1,10 +1,12 @@
-//! Warm restart at the core: an engine closes with its extension on, and the next engine that
-//! enables an extension at the same path serves the pages from it, but only those of files it
-//! can prove unchanged. SQLite-level and SIGKILL tests are in sqlite-bpe's `restart.rs`.
+//! Warm restart of a private extension at the core: an engine closes with its extension on, and
+//! the next engine that enables an extension at the same path restores the checkpoint the first
+//! left and serves the pages from it, but only those of files it can prove unchanged. A shared
+//! extension starts warm from the shared memory it leaves instead (shared_engines.rs).
+//! SQLite-level and SIGKILL tests are in sqlite-bpe's `restart.rs`.
 
 mod common;
 
-use bpe_core::{Engine, FileHandle, Tier};
+use bpe_core::{Engine, FileHandle, Sharing, Tier};
 use common::*;
 use std::path::Path;
 use std::sync::Arc;
@@ -29,7 +31,9 @@ fn settled_file(dir: &Path, name: &str) -> std::path::PathBuf {
 /// the extension at load) and closes, leaving a checkpoint.
 fn fill_and_close(data: &Path, ext: &Path) {
     let engine = engine(MEMORY);
-    engine.enable_extension(ext, EXT).unwrap();
+    engine
+        .enable_extension_as(ext, EXT, Sharing::Private)
+        .unwrap();
     let f = engine.open_file(data, PAGE).unwrap();
     for p in 0..PAGES {
         let (bytes, _) = read(&engine, &f, p);
@@ -46,7 +50,9 @@ fn fill_and_close(data: &Path, ext: &Path) {
 /// A new engine with the extension at `ext` and `data` open, once the restore has run.
 fn restart(data: &Path, ext: &Path) -> (Arc<Engine>, FileHandle) {
     let engine = engine(MEMORY);
-    engine.enable_extension(ext, EXT).unwrap();
+    engine
+        .enable_extension_as(ext, EXT, Sharing::Private)
+        .unwrap();
     let f = engine.open_file(data, PAGE).unwrap();
     assert!(engine.wait_for_extension_restore(WAIT));
     (engine, f)
@@ -123,7 +129,9 @@ fn fill_and_close_first_page_in_ram_only(data: &Path, ext: &Path) {
     let engine = engine(MEMORY);
     let f = engine.open_file(data, PAGE).unwrap();
     assert_eq!(decode(&read(&engine, &f, 0).0), Some((0, 0)));
-    engine.enable_extension(ext, EXT).unwrap();
+    engine
+        .enable_extension_as(ext, EXT, Sharing::Private)
+        .unwrap();
     for p in 1..PAGES {
         assert_eq!(decode(&read(&engine, &f, p).0), Some((p, 0)));
         assert_eq!(decode(&read(&engine, &f, 0).0), Some((0, 0)));
@@ -179,7 +187,9 @@ fn a_first_page_only_ram_held_is_recorded_and_checked_at_the_next_start() {
     rewrite_first_page_and_page_7(&data);
     let engine = engine(MEMORY);
     engine.faults().unmoved_stamps_at_adoption(1);
-    engine.enable_extension(&ext, EXT).unwrap();
+    engine
+        .enable_extension_as(&ext, EXT, Sharing::Private)
+        .unwrap();
     let f = engine.open_file(&data, PAGE).unwrap();
     assert!(engine.wait_for_extension_restore(WAIT));
     assert_eq!(engine.counters().ext_pages_restored, 0);
@@ -196,7 +206,9 @@ fn a_checkpoint_without_a_first_page_to_check_never_vouches_on_the_stamp_alone()
     // Pages 1.. only: neither tier ever held the first page.
     {
         let engine = engine(MEMORY);
-        engine.enable_extension(&ext, EXT).unwrap();
+        engine
+            .enable_extension_as(&ext, EXT, Sharing::Private)
+            .unwrap();
         let f = engine.open_file(&data, PAGE).unwrap();
         for p in 1..PAGES {
             assert_eq!(decode(&read(&engine, &f, p).0), Some((p, 0)));
@@ -208,7 +220,9 @@ fn a_checkpoint_without_a_first_page_to_check_never_vouches_on_the_stamp_alone()
     rewrite_first_page_and_page_7(&data);
     let engine = engine(MEMORY);
     engine.faults().unmoved_stamps_at_adoption(1);
-    engine.enable_extension(&ext, EXT).unwrap();
+    engine
+        .enable_extension_as(&ext, EXT, Sharing::Private)
+        .unwrap();
     let f = engine.open_file(&data, PAGE).unwrap();
     assert!(engine.wait_for_extension_restore(WAIT));
     assert_eq!(engine.counters().ext_pages_restored, 0);
@@ -227,7 +241,9 @@ fn a_damaged_checkpoint_or_an_unreadable_first_page_starts_cold() {
     // The first page cannot be read to compare with the copy: nothing is taken on trust.
     let engine = engine(MEMORY);
     engine.faults().fail_data_reads(1);
-    engine.enable_extension(&ext, EXT).unwrap();
+    engine
+        .enable_extension_as(&ext, EXT, Sharing::Private)
+        .unwrap();
     let _f = engine.open_file(&data, PAGE).unwrap();
     assert!(engine.wait_for_extension_restore(WAIT));
     assert_eq!(engine.counters().ext_pages_restored, 0);
@@ -305,11 +321,15 @@ fn the_writer_checkpoints_before_it_outruns_the_checkpoint_in_force() {
         checkpoint_interval: Duration::from_secs(3600),
         ..bpe_core::Config::default()
     });
-    engine.enable_extension(&ext, EXT).unwrap();
+    engine
+        .enable_extension_as(&ext, EXT, Sharing::Private)
+        .unwrap();
     let f = engine.open_file(&data, PAGE).unwrap();
     // A first checkpoint in force (the bound starts from one).
     engine.close_extension().unwrap();
-    engine.enable_extension(&ext, EXT).unwrap();
+    engine
+        .enable_extension_as(&ext, EXT, Sharing::Private)
+        .unwrap();
     assert!(engine.wait_for_extension_restore(WAIT));
     let before = engine.counters().ext_checkpoints;
     for p in 0..PAGES {
@@ -334,7 +354,9 @@ fn a_clean_close_writes_the_pages_still_queued_before_its_checkpoint() {
     let data = settled_file(dir.path(), "data");
     let ext = dir.path().join("ext.bpe");
     let engine = engine(MEMORY);
-    engine.enable_extension(&ext, EXT).unwrap();
+    engine
+        .enable_extension_as(&ext, EXT, Sharing::Private)
+        .unwrap();
     let f = engine.open_file(&data, PAGE).unwrap();
     for p in 0..PAGES {
         assert_eq!(decode(&read(&engine, &f, p).0), Some((p, 0)));

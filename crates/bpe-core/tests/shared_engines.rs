@@ -5,7 +5,7 @@
 //! the last one. The multi-process crash tests are shared_extension.rs and sqlite-bpe's shared.rs.
 
 mod common;
-use bpe_core::{Config, Engine, ExtensionState, Tier};
+use bpe_core::{Config, Engine, ExtensionState, Sharing, Tier};
 use common::*;
 use std::sync::Arc;
 
@@ -122,16 +122,61 @@ fn a_resize_waits_for_the_others_and_the_file_goes_with_the_last() {
     assert!(!ext.exists(), "the last to leave removed it");
 }
 
+/// DBCC DROPCLEANBUFFERS in one process empties the machine's one extension, as SQL Server's
+/// empties its instance's one buffer pool: the other process reads from the data file again.
+#[test]
+fn drop_clean_buffers_in_one_process_empties_the_shared_extension_for_every_process() {
+    let dir = tempdir();
+    let data = make_file(dir.path(), "data", 64, PAGE);
+    settle();
+    let ext = dir.path().join("ext.bpe");
+    let (a, b) = (shared_engine(), shared_engine());
+    a.enable_extension(&ext, EXT).unwrap();
+    b.enable_extension(&ext, EXT).unwrap();
+    let (fa, fb) = (
+        a.open_file(&data, PAGE).unwrap(),
+        b.open_file(&data, PAGE).unwrap(),
+    );
+    let order: Vec<u64> = (0..64).map(|i| (i * 37) % 64).collect();
+    for &p in &order {
+        read(&a, &fa, p);
+    }
+    assert!(a.wait_for_extension_writes(WAIT));
+    assert_eq!(b.counters().ext_allocated_pages, 64);
+    b.drop_clean_buffers();
+    assert_eq!(a.counters().ext_allocated_pages, 0, "a still sees entries");
+    // a empties its own RAM (its DBCC would), and finds nothing in L2 either.
+    a.drop_clean_buffers();
+    let l2_reads = a.counters().ext_page_reads;
+    for &p in &order {
+        let (bytes, tier) = read(&a, &fa, p);
+        assert_eq!(decode(&bytes), Some((p, 0)));
+        // From the data file, or from RAM where readahead brought it first.
+        assert_ne!(
+            tier,
+            Tier::Extension,
+            "page {p} still served from the emptied L2"
+        );
+    }
+    assert_eq!(a.counters().ext_page_reads, l2_reads);
+    drop(fb);
+}
+
 #[test]
 fn a_private_extension_and_a_shared_one_never_use_one_file() {
     let dir = tempdir();
     let ext = dir.path().join("ext.bpe");
     let (shared, private) = (shared_engine(), engine(4 << 20));
     shared.enable_extension(&ext, EXT).unwrap();
-    let err = private.enable_extension(&ext, EXT).unwrap_err().to_string();
+    let err = private
+        .enable_extension_as(&ext, EXT, Sharing::Private)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("using it"), "{err}");
     shared.disable_extension().unwrap();
-    private.enable_extension(&ext, EXT).unwrap();
+    private
+        .enable_extension_as(&ext, EXT, Sharing::Private)
+        .unwrap();
     let err = shared.enable_extension(&ext, EXT).unwrap_err().to_string();
     assert!(err.contains("for itself"), "{err}");
     assert_eq!(shared.extension_status().state, ExtensionState::Disabled);
@@ -240,4 +285,72 @@ fn write_close_and_reopen(foreign: bool) -> (Arc<Engine>, tempfile::TempDir) {
         assert_eq!(decode(&read(&b, &f, p).0), Some((p, version)), "page {p}");
     }
     (b, dir)
+}
+
+/// A clean exit leaves the shared memory beside the file for the next process to start warm
+/// from; once the file is gone (removed by hand, a temporary directory cleaned), the next
+/// process to attach any shared extension removes it, and only then: a segment whose file is
+/// there stays, and one a process has open is never removed.
+#[test]
+fn the_shared_memory_of_a_removed_extension_file_is_swept_and_no_other() {
+    let dir = tempdir();
+    let segment_of = |ext: &std::path::Path| {
+        bpe_core::shared::memory_path(bpe_core::FileIdentity::of_path(ext).unwrap()).unwrap()
+    };
+    let (gone, kept, open) = (
+        dir.path().join("gone.bpe"),
+        dir.path().join("kept.bpe"),
+        dir.path().join("open.bpe"),
+    );
+    // Drops the engine itself (its background jobs hold it a moment): its extension closes.
+    let close = |e: Arc<Engine>| {
+        let deadline = std::time::Instant::now() + WAIT;
+        while Arc::strong_count(&e) > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(Arc::strong_count(&e), 1, "the engine is still held");
+    };
+    let mut segments = Vec::new();
+    for ext in [&gone, &kept] {
+        let e = shared_engine();
+        e.enable_extension(ext, EXT).unwrap();
+        segments.push(segment_of(ext));
+        close(e);
+        assert!(segments.last().unwrap().exists(), "a clean exit removed it");
+    }
+    let holder = shared_engine();
+    holder.enable_extension(&open, EXT).unwrap();
+    let open_segment = segment_of(&open);
+    let segment_ino = |p: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).ok().map(|m| m.ino())
+    };
+    let gone_segment = segment_ino(&segments[0]).unwrap();
+    std::fs::remove_file(&gone).unwrap();
+    // The holder's file removed under it: its segment stays while it is attached.
+    std::fs::remove_file(&open).unwrap();
+
+    let other = dir.path().join("other.bpe");
+    let e = shared_engine();
+    e.enable_extension(&other, EXT).unwrap();
+    // (other.bpe may get gone.bpe's inode number, and so a segment of the same name: a new one.)
+    assert!(
+        segment_ino(&segments[0]) != Some(gone_segment),
+        "the removed file's shared memory stayed"
+    );
+    assert!(
+        segments[1].exists(),
+        "a kept file's shared memory was swept"
+    );
+    assert!(
+        open_segment.exists(),
+        "an attached process's shared memory was swept"
+    );
+    e.disable_extension().unwrap();
+    close(holder);
+    close(e);
+    let last = shared_engine();
+    last.enable_extension(&other, EXT).unwrap();
+    assert!(!open_segment.exists(), "swept once its process left");
+    last.disable_extension().unwrap();
 }

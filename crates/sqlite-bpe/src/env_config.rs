@@ -7,7 +7,7 @@
 //! | `BPE_EXTENSION_FILE`, `BPE_EXTENSION_SIZE` | enable the extension at that absolute path with that size (`4GB`, `512 MB`, ...); a relative path fails the load, as `FILENAME =` fails the statement |
 //! | `BPE_DEFAULT_VFS` | `1` to make `bpe` the process's default VFS when the library loads: a plain file name (no `?vfs=bpe`) is then served by the pool, for hosts and ORMs that cannot pass URIs. Every main database the process opens afterwards goes through the pool (default `0`) |
 //! | `BPE_EXTENSION_CHECKPOINT_MS` | how often the extension checkpoints its index while it (or a database file's stamp) changes, for the next process to start warm from after a crash (default 5000; a clean exit always writes one) |
-//! | `BPE_EXTENSION_SHARED` | `1` to share the extension with the other processes of this user that enable one at the same path with this set: one ring and one index in shared memory for all of them (default `0`: the extension is this process's own; see docs/DESIGN.md) |
+//! | `BPE_EXTENSION_SHARED` | `0` to make an extension enabled without saying (`SHARED = ON|OFF` of the ON statement says) this process's own: refused while another process uses its path, checkpointed into its file so that even a reboot restarts warm (default `1`: shared with the other processes of this user that enable one at the same path, one ring and one index in shared memory for all of them; see docs/DESIGN.md) |
 //! | `BPE_DIRECT_IO` | `0` to read data files through the OS page cache (default `1`) |
 //! | `BPE_READAHEAD` | `0` to turn readahead off (default `1`) |
 //! | `BPE_DATA_LATENCY_US`, `BPE_DATA_WRITE_LATENCY_US`, `BPE_DATA_SYNC_LATENCY_US` | emulate a slow data device (benchmarks only): microseconds per read, per write, per sync (at most 1 s) |
@@ -224,6 +224,7 @@ impl EnvConfig {
         let on = Statement::ExtensionOn {
             path: path.clone(),
             size_bytes: *size,
+            sharing: None,
         };
         if let Err(e) = bpe_tsql::run_statements(engine, &[on]) {
             let reason = format!("BPE_EXTENSION_FILE: {e}");

@@ -63,6 +63,7 @@ pub fn run(name: &str, value: Option<&str>) -> Option<Result<String, String>> {
             Statement::ExtensionOn {
                 path,
                 size_bytes: bytes,
+                sharing: None,
             }
         }
         ("bpe_drop_clean_buffers", _) => Statement::DropCleanBuffers,

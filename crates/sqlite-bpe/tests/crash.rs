@@ -26,6 +26,7 @@
 mod common;
 mod rows;
 
+use bpe_core::Sharing;
 use common::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rusqlite::Connection;
@@ -317,9 +318,20 @@ struct Child {
     stderr: std::thread::JoinHandle<String>,
 }
 
-fn spawn_child(mode: &str, db: &Path, journal: &str, ext: &Path, seed: u64) -> Child {
+/// A child with the extension `ext` from the environment: shared (the default) unless
+/// `sharing` is Private.
+fn spawn_child(
+    mode: &str,
+    db: &Path,
+    journal: &str,
+    ext: &Path,
+    seed: u64,
+    sharing: Sharing,
+) -> Child {
+    let shared = if sharing == Sharing::Shared { "1" } else { "0" };
     let mut process = Command::new(std::env::current_exe().unwrap())
         .args(CHILD_ARGS)
+        .env("BPE_EXTENSION_SHARED", shared)
         .env(CHILD, mode)
         .env(DB, db)
         .env(JOURNAL, journal)
@@ -515,7 +527,7 @@ fn sigkill_at_random_moments_loses_no_committed_transaction() {
         let (db, journal) = &dbs[which];
         let ext = dir.path().join(format!("ext-{i}.bpe"));
         let delay = rng.gen_range(50..=800);
-        let child = spawn_child("work", db, journal, &ext, rng.gen());
+        let child = spawn_child("work", db, journal, &ext, rng.gen(), Sharing::Shared);
         std::thread::sleep(Duration::from_millis(delay));
         let lines = child.kill();
         let reported = committed(&lines);
@@ -630,6 +642,8 @@ fn check_left_extension_is_taken_over(admin: &Connection, ext: &Path, db: &Path)
     assert_eq!(state, "BUFFER POOL EXTENSION DISABLED");
 }
 
+/// A private extension (`SHARED = OFF`): a shared one is joined, not refused, while its
+/// process lives (shared.rs).
 #[test]
 fn an_extension_file_left_by_a_killed_process_is_taken_over_and_a_live_one_refused() {
     let _s = serial();
@@ -640,14 +654,18 @@ fn an_extension_file_left_by_a_killed_process_is_taken_over_and_a_live_one_refus
     let admin = Connection::open_in_memory().unwrap();
     exec(&admin, "EXEC sp_configure 'max server memory (MB)', 1");
 
-    let mut child = spawn_child("hold", &db, "DELETE", &ext, 0);
+    let mut child = spawn_child("hold", &db, "DELETE", &ext, 0, Sharing::Private);
     let ready = child.wait_for("READY ");
     let pages = ready.split_once("READY ").unwrap().1.to_string();
     println!("the child has {pages} in its extension");
 
     // While its process lives, the file is another extension's: refused, untouched.
     let live = std::fs::read(&ext).unwrap();
-    let err = try_exec(&admin, &extension_on(ext.display(), EXT_SIZE)).unwrap_err();
+    let private_on = format!(
+        "{}, SHARED = OFF)",
+        extension_on(ext.display(), EXT_SIZE).trim_end_matches(')')
+    );
+    let err = try_exec(&admin, &private_on).unwrap_err();
     assert!(err.contains("another process"), "{err}");
     assert!(
         std::fs::read(&ext).unwrap() == live,
@@ -672,7 +690,8 @@ fn an_extension_file_left_by_a_killed_process_is_taken_over_and_a_live_one_refus
 
     // A new process configured by the environment to use that path takes the file over, opens
     // its database through bpe warm (nothing changed it), and leaves the file when it exits.
-    let (lines, stderr) = spawn_child("register", &db, "DELETE", &ext, 0).finish();
+    let (lines, stderr) =
+        spawn_child("register", &db, "DELETE", &ext, 0, Sharing::Private).finish();
     assert!(
         lines.iter().any(|l| l.ends_with("REGISTER OK"))
             && lines.iter().any(|l| l.ends_with("OPEN OK 1")),
@@ -696,13 +715,14 @@ fn an_extension_file_left_by_a_killed_process_is_taken_over_and_a_live_one_refus
     // in the environment (the VFS still works, the reason is in last_failure) and in SQL.
     std::fs::remove_file(&ext).unwrap();
     std::fs::write(&ext, b"not an extension").unwrap();
-    let (lines, stderr) = spawn_child("register", &db, "DELETE", &ext, 0).finish();
+    let (lines, stderr) =
+        spawn_child("register", &db, "DELETE", &ext, 0, Sharing::Private).finish();
     assert!(
         lines.iter().any(|l| l.ends_with("REGISTER OK"))
             && lines.iter().any(|l| l.ends_with("OPEN OK 1")),
         "a refused extension must not take bpe down: {lines:?} {stderr}"
     );
-    let err = try_exec(&admin, &extension_on(ext.display(), EXT_SIZE)).unwrap_err();
+    let err = try_exec(&admin, &private_on).unwrap_err();
     assert!(err.contains("already exists"), "{err}");
     assert_eq!(std::fs::read(&ext).unwrap(), b"not an extension");
 }

@@ -14,8 +14,8 @@
 //! The forking happens in a dedicated child process (this test binary re-executed,
 //! `child_entry`), so that the test harness's threads are not involved. Both journal modes: in
 //! rollback mode the parent sets its memory and extension with SQL, in WAL mode with the
-//! environment (which a forked child's fresh engine reads again: it must then be refused the
-//! parent's live file, and leave it alone).
+//! environment (which a forked child's fresh engine reads again: it joins the parent's
+//! extension, shared as by default, and leaves the file to the parent when it turns it off).
 //!
 //! Two narrower tests: the process-wide engine slot alone (threads that only ask for the engine
 //! while the process forks: no SQLite involved), and, ignored, a control that runs the same
@@ -667,6 +667,11 @@ fn in_child(n: usize, setup: &Setup, idle: &Connection, held: &Connection, phase
 fn own_extension(n: usize, setup: &Setup, c: &Connection) -> Result<(), String> {
     let mine = setup.dir.join(format!("child-{n}.bpe"));
     try_exec(c, "EXEC sp_configure 'max server memory (MB)', 2")?;
+    // Enabled from the environment, this child shares the parent's extension: it leaves it.
+    try_exec(
+        c,
+        "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF",
+    )?;
     try_exec(c, &extension_on(mine.display(), EXT_SIZE))?;
     let config = extension_config(c);
     if config != (Some(mine.display().to_string()), 5) {

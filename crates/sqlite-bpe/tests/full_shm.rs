@@ -142,7 +142,11 @@ fn check(journal: &str, extension: Extension) -> String {
     ];
     let env: Vec<(&str, &str)> = match extension {
         Extension::None => vec![],
-        Extension::Private => file.to_vec(),
+        Extension::Private => [("BPE_EXTENSION_SHARED", "0")]
+            .iter()
+            .chain(&file)
+            .copied()
+            .collect(),
         Extension::Shared => [("BPE_EXTENSION_SHARED", "1")]
             .iter()
             .chain(&file)

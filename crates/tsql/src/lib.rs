@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '/ssd/x.bpe', SIZE = 4 GB)
+//! ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = '/ssd/x.bpe', SIZE = 4 GB, SHARED = OFF)
 //! ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF
 //! EXEC sp_configure 'max server memory (MB)', 256      -- also EXECUTE, N'..', '256', @configname =
 //! EXEC sp_configure 'max server memory (MB)'           -- shows the value
@@ -20,6 +21,10 @@
 //!   number is a whole number above 0, without a sign; the product must fit in 64 bits. The
 //!   same [`parse_size`] reads the sizes of the adapter's PRAGMA and environment variables.
 //! - `FILENAME` is an absolute path in single quotes (`''` for a quote inside).
+//! - `SHARED = ON | OFF` (sqlite-bpe's own option) says whether the extension is shared with
+//!   the other processes of this user that enable one at the same path (ON, the default) or is
+//!   this process's own (OFF); left out, the host's configuration decides. Asking for the
+//!   other sharing of an extension enabled now at the same path is refused: turn it OFF first.
 //! - `max server memory (MB)` is a whole number of megabytes above 0, and takes effect at once
 //!   (this engine has no pending configuration, so `RECONFIGURE` is accepted and changes nothing).
 //! - Every statement of a text is parsed, then validated against the settings the statements
@@ -39,7 +44,7 @@ pub mod lex;
 mod parser;
 pub mod size;
 
-use bpe_core::{Engine, Error, ExtensionState, SettingChange};
+use bpe_core::{Engine, Error, ExtensionState, SettingChange, Sharing};
 use size::{in_largest_unit, MB};
 pub use size::{parse_size, SizeError};
 use std::fmt;
@@ -51,8 +56,13 @@ const ADVANCED_OPTION: &str = "show advanced options";
 /// One operator statement.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Statement {
-    /// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = .., SIZE = ..).
-    ExtensionOn { path: PathBuf, size_bytes: u64 },
+    /// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = .., SIZE = ..
+    /// [, SHARED = ON|OFF]); `sharing` None when the statement does not say.
+    ExtensionOn {
+        path: PathBuf,
+        size_bytes: u64,
+        sharing: Option<Sharing>,
+    },
     /// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF.
     ExtensionOff,
     /// sp_configure 'max server memory (MB)', n.
@@ -235,9 +245,14 @@ pub fn validate(engine: &Engine, statements: &[Statement]) -> Result<(), (usize,
         .enumerate()
         .filter_map(|(i, statement)| {
             let change = match statement {
-                Statement::ExtensionOn { path, size_bytes } => SettingChange::ExtensionOn {
+                Statement::ExtensionOn {
+                    path,
+                    size_bytes,
+                    sharing,
+                } => SettingChange::ExtensionOn {
                     path,
                     size: *size_bytes,
+                    sharing: *sharing,
                 },
                 Statement::ExtensionOff => SettingChange::ExtensionOff,
                 Statement::MaxServerMemory { megabytes } => SettingChange::MaxMemory {
@@ -257,7 +272,11 @@ pub fn validate(engine: &Engine, statements: &[Statement]) -> Result<(), (usize,
 /// Carries out one statement; returns its status line.
 pub fn execute(engine: &Engine, statement: &Statement) -> bpe_core::Result<String> {
     Ok(match statement {
-        Statement::ExtensionOn { path, size_bytes } => extension_on(engine, path, *size_bytes)?,
+        Statement::ExtensionOn {
+            path,
+            size_bytes,
+            sharing,
+        } => extension_on(engine, path, *size_bytes, *sharing)?,
         Statement::ExtensionOff => {
             if engine.extension_status().state == ExtensionState::Disabled {
                 "Buffer pool extension is already disabled; nothing changed.".into()
@@ -291,9 +310,23 @@ pub fn execute(engine: &Engine, statement: &Statement) -> bpe_core::Result<Strin
     })
 }
 
-fn extension_on(engine: &Engine, path: &Path, size: u64) -> bpe_core::Result<String> {
+fn extension_on(
+    engine: &Engine,
+    path: &Path,
+    size: u64,
+    sharing: Option<Sharing>,
+) -> bpe_core::Result<String> {
     let status = engine.extension_status();
     if status.state == ExtensionState::Enabled && status.path.as_deref() == Some(path) {
+        if let (Some(asked), Some(enabled)) = (sharing, status.sharing) {
+            if asked != enabled {
+                return Err(Error::ExtensionSharingDiffers {
+                    path: path.to_path_buf(),
+                    enabled: enabled.word(),
+                    asked: asked.word(),
+                });
+            }
+        }
         if engine.extension_has_size(size) {
             return Ok(format!(
                 "Buffer pool extension is already enabled at '{}' with {}; nothing changed.",
@@ -309,11 +342,16 @@ fn extension_on(engine: &Engine, path: &Path, size: u64) -> bpe_core::Result<Str
             human_bytes(engine.extension_status().size_bytes)
         ));
     }
-    engine.enable_extension(path, size)?;
+    match sharing {
+        Some(sharing) => engine.enable_extension_as(path, size, sharing)?,
+        None => engine.enable_extension(path, size)?,
+    }
+    let status = engine.extension_status();
     Ok(format!(
-        "Buffer pool extension enabled at '{}' with {}.",
+        "Buffer pool extension enabled at '{}' with {} ({}).",
         path.display(),
-        human_bytes(engine.extension_status().size_bytes)
+        human_bytes(status.size_bytes),
+        status.sharing.map_or("", Sharing::word)
     ))
 }
 
@@ -331,10 +369,19 @@ impl fmt::Display for Statement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const ALTER: &str = "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION";
         match self {
-            Statement::ExtensionOn { path, size_bytes } => {
+            Statement::ExtensionOn {
+                path,
+                size_bytes,
+                sharing,
+            } => {
                 let path = path.to_string_lossy().replace('\'', "''");
                 let size = human_bytes(*size_bytes);
-                write!(f, "{ALTER} ON (FILENAME = '{path}', SIZE = {size})")
+                let shared = match sharing {
+                    None => "",
+                    Some(Sharing::Shared) => ", SHARED = ON",
+                    Some(Sharing::Private) => ", SHARED = OFF",
+                };
+                write!(f, "{ALTER} ON (FILENAME = '{path}', SIZE = {size}{shared})")
             }
             Statement::ExtensionOff => write!(f, "{ALTER} OFF"),
             Statement::MaxServerMemory { megabytes } => {

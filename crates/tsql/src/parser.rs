@@ -3,6 +3,7 @@
 use crate::lex::{self, Kind, Token};
 use crate::size::{parse_size, MB};
 use crate::{excerpt, Statement, StatementError, ADVANCED_OPTION, MAX_MEMORY_OPTION};
+use bpe_core::Sharing;
 use std::path::PathBuf;
 
 pub(super) fn parse(text: &str) -> Result<Vec<Statement>, StatementError> {
@@ -129,7 +130,7 @@ impl Parser {
             return Err(self.syntax("ON or OFF"));
         }
         self.expect('(')?;
-        let (mut path, mut size) = (None, None);
+        let (mut path, mut size, mut sharing) = (None, None, None);
         loop {
             if self.at_word("FILENAME") {
                 if path.is_some() {
@@ -145,8 +146,23 @@ impl Parser {
                 self.pos += 1;
                 self.expect('=')?;
                 size = Some(self.size()?);
+            } else if self.at_word("SHARED") {
+                if sharing.is_some() {
+                    return Err(self.syntax("SHARED only once"));
+                }
+                self.pos += 1;
+                self.expect('=')?;
+                sharing = Some(if self.eat_word("ON") {
+                    Sharing::Shared
+                } else if self.eat_word("OFF") {
+                    Sharing::Private
+                } else {
+                    return Err(self.syntax("SHARED = ON or SHARED = OFF"));
+                });
             } else {
-                return Err(self.syntax("FILENAME = '<path>' or SIZE = <n> KB|MB|GB|TB"));
+                return Err(
+                    self.syntax("FILENAME = '<path>', SIZE = <n> KB|MB|GB|TB or SHARED = ON|OFF")
+                );
             }
             if !self.eat(',') {
                 break;
@@ -158,7 +174,11 @@ impl Parser {
         match (path, size) {
             (Some(path), Some(size_bytes)) => {
                 self.pos += 1;
-                Ok(Statement::ExtensionOn { path, size_bytes })
+                Ok(Statement::ExtensionOn {
+                    path,
+                    size_bytes,
+                    sharing,
+                })
             }
             (None, _) => {
                 Err(self.syntax("FILENAME = '<path>' (both FILENAME and SIZE are required)"))

@@ -3,7 +3,7 @@
 
 mod common;
 
-use bpe_core::{Config, Engine, ExtensionState};
+use bpe_core::{Config, Engine, ExtensionState, Sharing};
 use bpe_tsql::{parse, run, Statement, StatementError};
 use common::{make_file, read, tempdir, PAGE};
 use proptest::prelude::*;
@@ -22,6 +22,7 @@ fn on(path: &str, size_bytes: u64) -> Statement {
     Statement::ExtensionOn {
         path: PathBuf::from(path),
         size_bytes,
+        sharing: None,
     }
 }
 
@@ -332,6 +333,77 @@ fn extension_is_enabled_resized_and_disabled() {
 }
 
 #[test]
+fn shared_on_or_off_is_parsed_and_a_bad_value_is_refused() {
+    let with = |sharing| Statement::ExtensionOn {
+        path: PathBuf::from("/ssd/a.bpe"),
+        size_bytes: GB,
+        sharing: Some(sharing),
+    };
+    assert_eq!(
+        one(&alter_on(
+            "FILENAME = '/ssd/a.bpe', SIZE = 1 GB, SHARED = OFF"
+        )),
+        with(Sharing::Private)
+    );
+    assert_eq!(
+        one(&alter_on(
+            "shared = on, FILENAME = '/ssd/a.bpe', SIZE = 1 GB"
+        )),
+        with(Sharing::Shared)
+    );
+    assert_names(
+        &alter_on("FILENAME = '/a', SIZE = 1 GB, SHARED = YES"),
+        &["SHARED = ON or SHARED = OFF"],
+    );
+    assert_names(
+        &alter_on("FILENAME = '/a', SIZE = 1 GB, SHARED = ON, SHARED = OFF"),
+        &["SHARED only once"],
+    );
+}
+
+#[test]
+fn an_extension_is_shared_unless_the_statement_says_off_and_its_sharing_changes_only_through_off() {
+    let dir = tempdir();
+    let file = dir.path().join("ext.bpe");
+    let path = file.display();
+    let e = engine();
+    run(&e, "EXEC sp_configure 'max server memory (MB)', 4").unwrap();
+
+    let status = run(&e, &alter_on(&format!("FILENAME = '{path}', SIZE = 16 MB"))).unwrap();
+    assert!(status.contains("(shared)"), "{status}");
+    assert_eq!(e.extension_status().sharing, Some(Sharing::Shared));
+    run(&e, &format!("{ALTER} OFF")).unwrap();
+
+    let status = run(
+        &e,
+        &alter_on(&format!("FILENAME = '{path}', SIZE = 16 MB, SHARED = OFF")),
+    )
+    .unwrap();
+    assert!(status.contains("(private)"), "{status}");
+    assert_eq!(e.extension_status().sharing, Some(Sharing::Private));
+
+    // The other sharing at the same path, even with a new size, is refused and changes nothing.
+    let err = run(
+        &e,
+        &alter_on(&format!("FILENAME = '{path}', SIZE = 32 MB, SHARED = ON")),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("enabled private") && err.contains("OFF first"),
+        "{err}"
+    );
+    let s = e.extension_status();
+    assert_eq!((s.sharing, s.size_bytes), (Some(Sharing::Private), 16 * MB));
+    // Saying nothing keeps what is enabled: a resize of the private extension.
+    run(&e, &alter_on(&format!("FILENAME = '{path}', SIZE = 32 MB"))).unwrap();
+    let s = e.extension_status();
+    assert_eq!((s.sharing, s.size_bytes), (Some(Sharing::Private), 32 * MB));
+    run(&e, &format!("{ALTER} OFF")).unwrap();
+    assert_eq!(e.extension_status().sharing, None);
+}
+
+#[test]
 fn execution_refusals_carry_the_cores_reason() {
     let dir = tempdir();
     let e = engine();
@@ -463,12 +535,22 @@ fn render(statement: &Statement, case: &[bool], gaps: &[&str]) -> String {
     let kw = |s: &str| s.split(' ').map(|w| Keyword(w.into())).collect::<Vec<_>>();
     let quoted = |s: &str| Literal(format!("'{}'", s.replace('\'', "''")));
     let mut pieces = match statement {
-        Statement::ExtensionOn { path, size_bytes } => {
+        Statement::ExtensionOn {
+            path,
+            size_bytes,
+            sharing,
+        } => {
             let mut p = kw("ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON ( FILENAME =");
             p.push(quoted(&path.to_string_lossy()));
             p.extend(kw(", SIZE ="));
             p.push(Literal((size_bytes / MB).to_string()));
-            p.extend(kw("MB )"));
+            p.extend(kw("MB"));
+            match sharing {
+                Some(Sharing::Shared) => p.extend(kw(", SHARED = ON")),
+                Some(Sharing::Private) => p.extend(kw(", SHARED = OFF")),
+                None => {}
+            }
+            p.extend(kw(")"));
             p
         }
         Statement::ExtensionOff => kw("ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF"),
@@ -511,12 +593,16 @@ fn render(statement: &Statement, case: &[bool], gaps: &[&str]) -> String {
 
 fn statement_strategy() -> impl Strategy<Value = Statement> {
     prop_oneof![
-        ("/[a-zA-Z0-9 ._'-]{1,20}", 1u64..1_000_000).prop_map(|(path, mb)| {
-            Statement::ExtensionOn {
+        (
+            "/[a-zA-Z0-9 ._'-]{1,20}",
+            1u64..1_000_000,
+            proptest::option::of(prop_oneof![Just(Sharing::Shared), Just(Sharing::Private)])
+        )
+            .prop_map(|(path, mb, sharing)| Statement::ExtensionOn {
                 path: PathBuf::from(path),
                 size_bytes: mb * MB,
-            }
-        }),
+                sharing,
+            }),
         Just(Statement::ExtensionOff),
         (1u64..1_000_000_000).prop_map(|megabytes| Statement::MaxServerMemory { megabytes }),
         Just(Statement::ShowMaxServerMemory),

@@ -4,7 +4,7 @@
 //! validated as a whole before the first one is carried out.
 
 use super::Engine;
-use crate::config::{physical_memory, INDEX_BUDGET_DIVISOR, MIN_MAX_MEMORY};
+use crate::config::{physical_memory, Sharing, INDEX_BUDGET_DIVISOR, MIN_MAX_MEMORY};
 use crate::error::{Error, Result};
 use crate::extension::{initial_index_bytes, MIN_EXTENSION_BYTES};
 use crate::io::FileIdentity;
@@ -27,6 +27,9 @@ pub enum SettingChange<'a> {
     ExtensionOn {
         path: &'a Path,
         size: u64,
+        /// None: as the configuration says (shared unless told otherwise); at the path enabled
+        /// now, whatever it is enabled as.
+        sharing: Option<Sharing>,
     },
     ExtensionOff,
     MaxMemory {
@@ -120,7 +123,11 @@ impl Engine {
         change: SettingChange<'_>,
     ) -> Result<()> {
         match change {
-            SettingChange::ExtensionOn { path, size } => {
+            SettingChange::ExtensionOn {
+                path,
+                size,
+                sharing,
+            } => {
                 let new = (
                     path.to_path_buf(),
                     effective_extension_size(size),
@@ -128,6 +135,16 @@ impl Engine {
                 );
                 match &plan.extension {
                     Some((p, current, _)) if p == path => {
+                        let enabled = self.extension_sharing().filter(|_| !*turned_off);
+                        if let (Some(asked), Some(enabled)) = (sharing, enabled) {
+                            if asked != enabled {
+                                return Err(Error::ExtensionSharingDiffers {
+                                    path: path.to_path_buf(),
+                                    enabled: enabled.word(),
+                                    asked: asked.word(),
+                                });
+                            }
+                        }
                         if effective_extension_size(size) != *current {
                             check_extension_size(size, plan.max_memory)?;
                             plan.extension = Some(new);
@@ -142,7 +159,8 @@ impl Engine {
                         plan.extension = Some(new);
                     }
                     None => {
-                        self.validate_extension_with(path, size, plan.max_memory)?;
+                        let sharing = sharing.unwrap_or(self.config.default_sharing());
+                        self.validate_extension_as(path, size, plan.max_memory, sharing)?;
                         plan.extension = Some(new);
                     }
                 }
@@ -191,8 +209,19 @@ impl Engine {
     /// Checks an extension request against the rules, as if `max_memory` were the setting,
     /// without changing anything.
     pub fn validate_extension_with(&self, path: &Path, size: u64, max_memory: u64) -> Result<()> {
+        self.validate_extension_as(path, size, max_memory, self.config.default_sharing())
+    }
+
+    /// `validate_extension_with` for an extension to be enabled as `sharing`.
+    pub fn validate_extension_as(
+        &self,
+        path: &Path,
+        size: u64,
+        max_memory: u64,
+        sharing: Sharing,
+    ) -> Result<()> {
         check_extension_size(size, max_memory)?;
-        crate::io::extension_file::validate_path(path, self.config.shared_extension)?;
+        crate::io::extension_file::validate_path(path, sharing.is_shared())?;
         // A file at the path is only ever replaced if it is a dead process's extension; never
         // if this process has it open as a data file.
         if let Ok(identity) = FileIdentity::of_path(path) {

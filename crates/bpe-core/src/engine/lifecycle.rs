@@ -20,6 +20,7 @@
 //! the working extension through `Engine::extension`, which only these transitions change.
 
 use super::{check_extension_size, Engine};
+use crate::config::Sharing;
 use crate::error::{Error, Result};
 use crate::extension::Extension;
 use std::path::{Path, PathBuf};
@@ -55,6 +56,8 @@ pub struct ExtensionStatus {
     pub size_bytes: u64,
     /// Why the extension last disabled itself or could not start, or why a page was last refused.
     pub last_failure: Option<String>,
+    /// Shared or private, while an extension is enabled.
+    pub sharing: Option<Sharing>,
 }
 
 /// Where the extension is in its lifecycle.
@@ -107,6 +110,7 @@ impl Lifecycle {
             path,
             size_bytes,
             last_failure: self.last_failure.clone(),
+            sharing: None,
         }
     }
 }
@@ -123,6 +127,7 @@ impl Engine {
     /// The extension's state now. A pure read.
     pub fn extension_status(&self) -> ExtensionStatus {
         let mut status = self.lifecycle.lock().status();
+        status.sharing = self.extension_sharing();
         if status.last_failure.is_none() {
             status.last_failure = self
                 .extension
@@ -133,20 +138,31 @@ impl Engine {
         status
     }
 
-    /// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = path, SIZE = size).
+    /// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = path, SIZE = size):
+    /// shared or private as the configuration says (shared unless told otherwise).
     pub fn enable_extension(&self, path: &Path, size: u64) -> Result<()> {
+        self.enable_extension_as(path, size, self.config.default_sharing())
+    }
+
+    /// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (.., SHARED = ON|OFF).
+    pub fn enable_extension_as(&self, path: &Path, size: u64, sharing: Sharing) -> Result<()> {
         let _admin = self.admin.lock();
         if let Some(ext) = self.extension.read().as_ref() {
             return Err(Error::ExtensionAlreadyEnabled {
                 path: ext.path().to_path_buf(),
             });
         }
-        self.enable_locked(path, size)
+        self.enable_locked(path, size, sharing)
+    }
+
+    /// The sharing of the extension enabled now, if one is.
+    pub fn extension_sharing(&self) -> Option<Sharing> {
+        self.extension.read().as_ref().map(|e| e.sharing())
     }
 
     /// DISABLED → ENABLING → ENABLED (or back to DISABLED if refused).
-    fn enable_locked(&self, path: &Path, size: u64) -> Result<()> {
-        self.validate_extension(path, size)?;
+    fn enable_locked(&self, path: &Path, size: u64, sharing: Sharing) -> Result<()> {
+        self.validate_extension_as(path, size, self.max_memory(), sharing)?;
         self.enter(Phase::Enabling {
             path: path.to_path_buf(),
         });
@@ -158,7 +174,7 @@ impl Engine {
             self.faults.clone(),
             host,
             self.epoch,
-            self.config.shared_extension,
+            sharing.is_shared(),
         ) {
             Ok(ext) => ext,
             Err(e) => {
@@ -243,6 +259,7 @@ impl Engine {
         };
         let path = ext.path().to_path_buf();
         let old_size = ext.size_bytes();
+        let sharing = ext.sharing();
         // The size is checked before the old extension is touched (its path exists now, so
         // the path rules are checked again by enable_locked once the old file is gone).
         check_extension_size(size, self.max_memory())?;
@@ -252,10 +269,10 @@ impl Engine {
         });
         self.unplug(&ext);
         drop(ext);
-        let Err(e) = self.enable_locked(&path, size) else {
+        let Err(e) = self.enable_locked(&path, size, sharing) else {
             return Ok(());
         };
-        if let Err(again) = self.enable_locked(&path, old_size) {
+        if let Err(again) = self.enable_locked(&path, old_size, sharing) {
             log::warn!(
                 "buffer pool extension could not be restored after a failed resize: {again}"
             );

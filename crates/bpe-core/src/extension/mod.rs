@@ -340,6 +340,14 @@ impl Extension {
         self.shared.is_some()
     }
 
+    pub fn sharing(&self) -> crate::config::Sharing {
+        if self.is_shared() {
+            crate::config::Sharing::Shared
+        } else {
+            crate::config::Sharing::Private
+        }
+    }
+
     /// For a shared extension, what a read of `key` is made under (see `SharedRead`): taken
     /// before the read. None for a private one.
     pub fn read_under(&self, file: &FileHandle, key: PageKey) -> Option<SharedRead> {
@@ -704,7 +712,10 @@ impl Extension {
         let hit = |k: PageKey| file.is_none_or(|f| k.file == f) && k.page >= first_page;
         if let Some(s) = &self.shared {
             self.tables.write().staged.retain(|k, _| !hit(*k));
-            s.forget(file);
+            match file {
+                Some(_) => s.forget(file),
+                None => s.forget_everything(),
+            }
             return;
         }
         let mut t = self.tables.write();

@@ -37,13 +37,7 @@ impl SharedMemory {
     }
 
     fn open_unnamed(path: &Path, len: usize, may_resize: bool) -> std::io::Result<SharedMemory> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)?;
+        let file = open_in_use(path)?;
         let meta = file.metadata()?;
         // SAFETY: geteuid has no preconditions.
         let uid = unsafe { libc::geteuid() };
@@ -111,9 +105,68 @@ impl SharedMemory {
     }
 
     /// Removes the file (the mappings of processes still holding it stay valid).
+    /// Marks the file no longer in use by this process (it stays mapped, and valid memory, for
+    /// as long as `self` lives; a sweeper may now remove it).
+    pub fn release_use(&self) {
+        // SAFETY: a plain syscall on a descriptor `self` owns.
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+
     pub fn unlink(&self) {
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// Opens (creating if missing) the file at `path` and marks it in use for as long as the
+/// descriptor lives: a shared `flock`, which the kernel drops when the process dies, however it
+/// dies. A sweeper removes a file only while it holds the exclusive lock ([`remove_if_unused`]),
+/// so a file is never removed under a process using it; one removed between this open and the
+/// lock is not the path's any more, and is opened again.
+fn open_in_use(path: &Path) -> std::io::Result<File> {
+    for _ in 0..100 {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?;
+        // SAFETY: a plain syscall on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let opened = file.metadata()?;
+        match std::fs::symlink_metadata(path) {
+            Ok(now) if (now.dev(), now.ino()) == (opened.dev(), opened.ino()) => return Ok(file),
+            _ => continue, // swept meanwhile
+        }
+    }
+    Err(std::io::Error::other(
+        "it keeps being removed while this process opens it",
+    ))
+}
+
+/// Removes the file at `path` if no process has it open through [`SharedMemory`] and
+/// `unused(file)` agrees (it reads the file; it runs with the exclusive lock held). Returns
+/// whether it was removed.
+pub(crate) fn remove_if_unused(path: &Path, unused: impl FnOnce(&File) -> bool) -> bool {
+    let Ok(file) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+    else {
+        return false;
+    };
+    // SAFETY: a plain syscall on a descriptor we own; the lock goes with the descriptor.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return false;
+    }
+    let same = match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    };
+    let u = same && unused(&file);
+    u && std::fs::remove_file(path).is_ok()
 }
 
 /// Allocates the memory of the file's first `len` bytes now (pages already there stay as they

@@ -84,7 +84,7 @@ fn descriptor_rows() -> Vec<Vec<Value>> {
 
 static CONFIGURATION: TableDef = TableDef {
     name: c"bpe_extension_configuration",
-    schema: c"CREATE TABLE x(path TEXT, file_id INTEGER, state INTEGER, state_description TEXT, current_size_in_kb INTEGER, last_failure TEXT HIDDEN)",
+    schema: c"CREATE TABLE x(path TEXT, file_id INTEGER, state INTEGER, state_description TEXT, current_size_in_kb INTEGER, last_failure TEXT HIDDEN, sharing TEXT HIDDEN)",
     rows: configuration_rows,
 };
 
@@ -93,7 +93,7 @@ static CONFIGURATION: TableDef = TableDef {
 /// so the columns are here, and the shell runs this table for `PRAGMA bpe_extension;`.
 static PRAGMA_EXTENSION: TableDef = TableDef {
     name: c"pragma_bpe_extension",
-    schema: c"CREATE TABLE x(path TEXT, file_id INTEGER, state INTEGER, state_description TEXT, current_size_in_kb INTEGER, last_failure TEXT)",
+    schema: c"CREATE TABLE x(path TEXT, file_id INTEGER, state INTEGER, state_description TEXT, current_size_in_kb INTEGER, last_failure TEXT, sharing TEXT)",
     rows: configuration_rows,
 };
 
@@ -107,6 +107,9 @@ fn configuration_rows() -> Vec<Vec<Value>> {
         Value::Text(s.state.description().into()),
         Value::Int((s.size_bytes / 1024) as i64),
         s.last_failure.map_or(Value::Null, Value::Text),
+        // sqlite-bpe's own: 'shared' or 'private' while enabled (SQL Server's has no such choice).
+        s.sharing
+            .map_or(Value::Null, |sharing| Value::Text(sharing.word().into())),
     ]]
 }
 

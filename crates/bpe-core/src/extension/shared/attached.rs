@@ -181,6 +181,12 @@ impl Attached {
         }
     }
 
+    /// Forgets every page of every file, bound here or not, for every process.
+    pub fn forget_everything(&self) {
+        self.forget(None);
+        self.index.empty();
+    }
+
     /// The local key of each shared key this process has bound.
     pub fn local_keys(&self) -> HashMap<FileKey, FileKey> {
         self.bindings

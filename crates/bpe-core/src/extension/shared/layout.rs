@@ -20,7 +20,10 @@ use crate::io::shared_memory::RobustMutex;
 use std::sync::atomic::AtomicU64;
 
 /// The layout's version and kind; a segment with another value is not ours or not this build's.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"BPESHX03");
+pub const MAGIC: u64 = u64::from_le_bytes(*b"BPESHX04");
+
+/// Bytes of the extension file's path kept in the header (PATH_MAX).
+pub const PATH_BYTES: usize = 4096;
 pub const MAX_PARTICIPANTS: usize = 64;
 pub const MAX_FILES: usize = 1024;
 pub const STRIPES: usize = 1 << 14;
@@ -54,6 +57,11 @@ pub struct Header {
     /// attribute): a segment is that file's only, never another's that got its inode number.
     pub file_id: u64,
     pub mutex: RobustMutex,
+    /// The extension file's path when the segment was laid out: a segment whose file is gone
+    /// (removed by hand, a temporary directory cleaned) is swept by the next process to attach
+    /// any shared extension (`remove_orphaned_memory`).
+    pub path_len: u64,
+    pub path: [u8; PATH_BYTES],
 }
 
 #[repr(C)]

@@ -56,6 +56,7 @@ use crate::io::FileIdentity;
 use crate::page::{FileKey, PageKey};
 use layout::{Header, Layout, Tables, FILLING, FREE, FULL, MAGIC, STRIPES};
 use std::fs::{File, OpenOptions};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -172,6 +173,50 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
 /// After a wait gave up, bounded waits only try the lock for this long.
 const STALL_MS: u64 = 100;
 
+/// Removes this user's shared memory of extension files that are gone (removed by hand, their
+/// temporary directory cleaned, an older version's layout), once no process has it open: a
+/// clean exit leaves the shared memory beside its file for the next process to start warm
+/// from, and nothing else would ever remove it.
+pub fn remove_orphaned_memory() {
+    let Ok(dir) = crate::io::shm_dir::own_directory() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(identity) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("extension-")?.strip_suffix(".shared"))
+            .and_then(|n| n.split_once('-'))
+            .and_then(|(dev, ino)| Some((dev.parse::<u64>().ok()?, ino.parse::<u64>().ok()?)))
+        else {
+            continue;
+        };
+        crate::io::shared_memory::remove_if_unused(&entry.path(), |f| {
+            file_of_segment(f).is_none_or(|path| {
+                std::fs::symlink_metadata(path).map_or(true, |m| (m.dev(), m.ino()) != identity)
+            })
+        });
+    }
+}
+
+/// The extension file a segment was laid out for; None if it is not one of this version's.
+fn file_of_segment(segment: &File) -> Option<PathBuf> {
+    use std::os::unix::fs::FileExt;
+    let mut header = vec![0u8; std::mem::size_of::<Header>()];
+    segment.read_exact_at(&mut header, 0).ok()?;
+    let u64_at = |at: usize| u64::from_ne_bytes(header[at..at + 8].try_into().expect("8 bytes"));
+    if u64_at(std::mem::offset_of!(Header, magic)) != MAGIC {
+        return None;
+    }
+    let len = (u64_at(std::mem::offset_of!(Header, path_len)) as usize).min(layout::PATH_BYTES);
+    let at = std::mem::offset_of!(Header, path);
+    let bytes = &header[at..at + len];
+    Some(PathBuf::from(std::ffi::OsStr::from_bytes(bytes)))
+}
+
 fn bad(path: &Path, reason: impl Into<String>) -> Error {
     Error::BadExtensionPath {
         path: path.to_path_buf(),
@@ -206,6 +251,7 @@ impl SharedIndex {
     /// there, the shared memory is not this user's, the processes attached use another
     /// geometry, or 64 processes are attached.
     pub fn attach(path: &Path, geometry: Geometry) -> Result<SharedIndex> {
+        remove_orphaned_memory();
         let locks = OpenOptions::new()
             .read(true)
             .write(true)
@@ -290,7 +336,7 @@ impl SharedIndex {
                     ),
                 ));
             }
-            index.initialize()?;
+            index.initialize(path)?;
         }
         let Some(g) = index.lock() else {
             return Err(bad(path, "its shared memory's lock is unusable"));
@@ -301,8 +347,9 @@ impl SharedIndex {
         Ok(index)
     }
 
-    /// Lays out a new segment (nobody else is attached; the admin byte is held).
-    fn initialize(&self) -> Result<()> {
+    /// Lays out a new segment for the extension file at `path` (nobody else is attached; the
+    /// admin byte is held).
+    fn initialize(&self, path: &Path) -> Result<()> {
         let failed = |e: std::io::Error| bad(self.mem.path(), format!("cannot initialize: {e}"));
         self.mem.zero().map_err(failed)?;
         let base = self.mem.base().as_ptr();
@@ -315,6 +362,10 @@ impl SharedIndex {
             let header = &mut *(base as *mut Header);
             header.geometry = self.layout.geometry;
             header.file_id = id;
+            let bytes = path.as_os_str().as_encoded_bytes();
+            let kept = bytes.len().min(layout::PATH_BYTES);
+            header.path[..kept].copy_from_slice(&bytes[..kept]);
+            header.path_len = kept as u64;
             header.mutex.init().map_err(failed)?;
             let t = Tables::of(base, &self.layout);
             t.totals.next_key = 1;
@@ -481,6 +532,8 @@ impl SharedIndex {
             self.mem.unlink();
             on_last();
         }
+        // Every later call misses or refuses (`broken`): the segment may be swept from now on.
+        self.mem.release_use();
         ofd::release(&self.locks, 0);
         if admin {
             ofd::release(&self.locks, ADMIN_BYTE);
@@ -620,6 +673,15 @@ impl SharedIndex {
         f.vouched = 0;
         stored();
         Some(SharedFile { slot, key })
+    }
+
+    /// Empties the index for every process (DBCC DROPCLEANBUFFERS: one extension per machine, as
+    /// SQL Server has one buffer pool per instance): every entry goes and every file's key is
+    /// voided, exactly as a recovery does, so claims and reads in flight miss.
+    pub fn empty(&self) {
+        if let Some(mut g) = self.lock() {
+            g.tables.recover();
+        }
     }
 
     /// The slot that holds file `id`: the one `file` names if it still does, else any.
