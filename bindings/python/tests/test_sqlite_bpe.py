@@ -204,8 +204,8 @@ def test_a_second_sqlite_library_in_the_process_is_refused_saying_why(tmp_path, 
 
 def test_a_forked_child_re_attaches_to_a_shared_extension_from_the_environment(tmp_path):
     """docs/SQLITE.md: a forked child's fresh engine enables the extension the environment names
-    again. Shared (BPE_EXTENSION_SHARED=1), the child attaches to the parent's; private, the
-    parent's live file is refused and the child runs without one."""
+    again. Shared (the default), the child attaches to the parent's; private
+    (BPE_EXTENSION_SHARED=0), the parent's live file is refused and the child runs without one."""
     code = """
 import os, sqlite3, sqlite_bpe
 sqlite_bpe.load(sqlite3.connect(":memory:"))
@@ -231,10 +231,10 @@ print("child", child)
         "BPE_EXTENSION_SIZE": "256 MB",
     }
     enabled = f"('{ext}', 5)"
-    shared = run(code, tmp_path, env={**env, "BPE_EXTENSION_SHARED": "1"})
+    shared = run(code, tmp_path, env=env)
     assert f"parent {enabled}" in shared, shared
     assert f"child {enabled}" in shared, shared
-    private = run(code, tmp_path, env=env)
+    private = run(code, tmp_path, env={**env, "BPE_EXTENSION_SHARED": "0"})
     assert f"parent {enabled}" in private, private
     assert f"child {enabled}" not in private and "child (None, " in private, private
 

@@ -36,6 +36,11 @@ pub enum Error {
     #[error("buffer pool extension path {path:?} is invalid: {reason}")]
     BadExtensionPath { path: PathBuf, reason: String },
 
+    /// No shared memory for a shared extension (a full /dev/shm, a directory that is not this
+    /// user's): an extension shared by default falls back to a private one on it.
+    #[error("buffer pool extension at {path:?} cannot be shared: {reason}")]
+    SharedMemoryUnavailable { path: PathBuf, reason: String },
+
     /// The path is right, but what is there now cannot be used by this process: the code acts
     /// on `why` (a file that another process may be creating is tried again), never on words.
     #[error("buffer pool extension path {path:?} is invalid: {why}")]

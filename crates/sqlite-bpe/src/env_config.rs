@@ -226,10 +226,21 @@ impl EnvConfig {
             size_bytes: *size,
             sharing: None,
         };
-        if let Err(e) = bpe_tsql::run_statements(engine, &[on]) {
-            let reason = format!("BPE_EXTENSION_FILE: {e}");
-            crate::api::log(libsqlite3_sys::SQLITE_WARNING, &reason);
-            engine.note_extension_failure(reason);
+        match bpe_tsql::run_statements(engine, &[on]) {
+            Err(e) => {
+                let reason = format!("BPE_EXTENSION_FILE: {e}");
+                crate::api::log(libsqlite3_sys::SQLITE_WARNING, &reason);
+                engine.note_extension_failure(reason);
+            }
+            // Enabled, but not as asked (private where no shared memory could be had).
+            Ok(_) => {
+                if let Some(why) = engine.extension_status().last_failure {
+                    crate::api::log(
+                        libsqlite3_sys::SQLITE_WARNING,
+                        &format!("BPE_EXTENSION_FILE: {why}"),
+                    );
+                }
+            }
         }
     }
 }

@@ -146,3 +146,71 @@ fn the_tables_exist_on_connections_opened_later_and_describe_the_pool() {
     assert!(object.ends_with(":Buffer Manager"));
     assert_eq!(kind, 272696576);
 }
+
+/// The latency histograms beside the counters, as a table: one row per bucket that holds
+/// anything, each twice as wide as the one below, the counts the engine's own.
+#[test]
+fn the_latency_histograms_are_a_table_of_their_buckets() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let c = open_bpe(&dir.path().join("hist.db"));
+    let memory: String = c
+        .query_row("PRAGMA bpe_max_server_memory_mb", [], |r| r.get(0))
+        .unwrap();
+    exec(&c, "EXEC sp_configure 'max server memory (MB)', 2");
+    let ext = dir.path().join("hist.bpe");
+    exec(&c, &extension_on(ext.display(), "64 MB"));
+    c.execute_batch(
+        "PRAGMA cache_size = 1;
+         CREATE TABLE t(id INTEGER PRIMARY KEY, n TEXT);
+         WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 8000)
+           INSERT INTO t SELECT i, printf('%.1000c', 'x') FROM c;",
+    )
+    .unwrap();
+    // 8 MB through 2 MB of memory: the second scan reads most pages from the extension.
+    for _ in 0..3 {
+        assert!(sqlite_bpe::engine().wait_for_extension_writes(std::time::Duration::from_secs(30)));
+        let n: i64 = c
+            .query_row("SELECT count(n) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 8000);
+    }
+    let rows: Vec<(String, i64, i64, i64)> = c
+        .prepare("SELECT name, low_ns, high_ns, count FROM bpe_latency_histograms")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let engine = sqlite_bpe::engine().histograms();
+    let reads = engine
+        .iter()
+        .find(|h| h.name == "Extension read time")
+        .unwrap();
+    let k = sqlite_bpe::engine().counters();
+    assert!(
+        reads.count() > 0,
+        "no extension reads were timed: {} L2 reads, {} writes, {} data reads, {:?}",
+        k.ext_page_reads,
+        k.ext_page_writes,
+        k.page_reads,
+        sqlite_bpe::engine().extension_status()
+    );
+    let in_table: i64 = rows
+        .iter()
+        .filter(|r| r.0 == "Extension read time")
+        .map(|r| r.3)
+        .sum();
+    assert_eq!(in_table as u64, reads.count());
+    for (name, low, high, count) in &rows {
+        assert!(*count > 0, "{name}: an empty bucket listed");
+        assert!(
+            *high == 2 * *low || (*low == 0 && *high == 2),
+            "{name}: [{low}, {high})"
+        );
+    }
+    exec(
+        &c,
+        "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF",
+    );
+}

@@ -347,8 +347,12 @@ fn extension_on(
         None => engine.enable_extension(path, size)?,
     }
     let status = engine.extension_status();
+    // Set by a successful enable only when it is not what was asked for (see enable_extension).
+    let note = status
+        .last_failure
+        .map_or(String::new(), |why| format!(" Note: {why}."));
     Ok(format!(
-        "Buffer pool extension enabled at '{}' with {} ({}).",
+        "Buffer pool extension enabled at '{}' with {} ({}).{note}",
         path.display(),
         human_bytes(status.size_bytes),
         status.sharing.map_or("", Sharing::word)

@@ -139,20 +139,44 @@ impl Engine {
     }
 
     /// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = path, SIZE = size):
-    /// shared or private as the configuration says (shared unless told otherwise).
+    /// shared or private as the configuration says (shared unless told otherwise). Shared by
+    /// default where no shared memory can be had (a container's small /dev/shm), it is this
+    /// process's own instead, and `last_failure` says why.
     pub fn enable_extension(&self, path: &Path, size: u64) -> Result<()> {
-        self.enable_extension_as(path, size, self.config.default_sharing())
+        self.enable_checked(path, size, self.config.default_sharing(), true)
     }
 
-    /// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (.., SHARED = ON|OFF).
+    /// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (.., SHARED = ON|OFF): exactly
+    /// that sharing, or refused.
     pub fn enable_extension_as(&self, path: &Path, size: u64, sharing: Sharing) -> Result<()> {
+        self.enable_checked(path, size, sharing, false)
+    }
+
+    fn enable_checked(
+        &self,
+        path: &Path,
+        size: u64,
+        sharing: Sharing,
+        fallback: bool,
+    ) -> Result<()> {
         let _admin = self.admin.lock();
         if let Some(ext) = self.extension.read().as_ref() {
             return Err(Error::ExtensionAlreadyEnabled {
                 path: ext.path().to_path_buf(),
             });
         }
-        self.enable_locked(path, size, sharing)
+        match self.enable_locked(path, size, sharing) {
+            Err(e @ Error::SharedMemoryUnavailable { .. }) if fallback => {
+                if self.enable_locked(path, size, Sharing::Private).is_err() {
+                    return Err(e);
+                }
+                let why = format!("{e}; the extension is this process's own instead");
+                log::warn!("{why}");
+                self.lifecycle.lock().last_failure = Some(why);
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     /// The sharing of the extension enabled now, if one is.

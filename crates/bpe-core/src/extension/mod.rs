@@ -684,12 +684,14 @@ impl Extension {
     }
 
     /// The page's bytes are in the data file now. A shared extension invalidates it again (a
-    /// read that overlapped the write could have staged the old bytes under the new epoch) and
-    /// records the file's stamp as this process's own doing.
+    /// read that overlapped the write could have staged the old bytes under the new epoch).
+    /// Nothing is vouched here: a write's own stamp is within a clock tick of it and could not
+    /// vouch (it cost a stat and a lock per page for nothing); the stamps this process's change
+    /// detection verifies do, at each checkpoint interval and at close (`vouch_shared`). A
+    /// binder meanwhile sees the write's new stamp and starts the file afresh.
     pub fn written(&self, file: &FileHandle, key: PageKey) {
         if let Some(s) = &self.shared {
             s.invalidate(file, key);
-            s.vouch(file, key.file);
         }
     }
 

@@ -95,9 +95,6 @@ impl SharedMemory {
     pub fn base(&self) -> NonNull<u8> {
         self.ptr
     }
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 
     /// Bytes of the mapping's file in memory now (all of it: `open` reserves it).
     pub fn resident_bytes(&self) -> u64 {
@@ -110,6 +107,11 @@ impl SharedMemory {
     pub fn release_use(&self) {
         // SAFETY: a plain syscall on a descriptor `self` owns.
         unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+
+    #[cfg(test)]
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     pub fn unlink(&self) {

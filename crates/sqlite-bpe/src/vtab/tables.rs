@@ -1,5 +1,6 @@
 //! The three tables: sys.dm_os_performance_counters, sys.dm_os_buffer_descriptors and
-//! sys.dm_os_buffer_pool_extension_configuration, under bpe_ names.
+//! sys.dm_os_buffer_pool_extension_configuration, under bpe_ names; and the latency
+//! histograms beside the counters (ours: SQL Server has none).
 
 use super::{TableDef, Value};
 use crate::page_decode;
@@ -11,6 +12,7 @@ pub static ALL: &[&TableDef] = &[
     &CONFIGURATION,
     &PRAGMA_EXTENSION,
     &ALLOCATION_UNITS,
+    &HISTOGRAMS,
 ];
 
 pub const OBJECT_NAME: &str = "SQLServer:Buffer Manager";
@@ -111,6 +113,39 @@ fn configuration_rows() -> Vec<Vec<Value>> {
         s.sharing
             .map_or(Value::Null, |sharing| Value::Text(sharing.word().into())),
     ]]
+}
+
+/// The latency histograms (`Extension read time`, `Extension shared lock wait`): one row per
+/// bucket that holds anything, cumulative as the "/sec" counters are; a bucket holds the
+/// durations from `low_ns` up to (not including) `high_ns`. The p99 of L2 reads:
+///
+/// ```sql
+/// SELECT high_ns FROM bpe_latency_histograms h WHERE name = 'Extension read time'
+///   AND (SELECT sum(count) FROM bpe_latency_histograms WHERE name = h.name AND high_ns <= h.high_ns)
+///     >= 0.99 * (SELECT sum(count) FROM bpe_latency_histograms WHERE name = h.name)
+///   ORDER BY high_ns LIMIT 1
+/// ```
+static HISTOGRAMS: TableDef = TableDef {
+    name: c"bpe_latency_histograms",
+    schema: c"CREATE TABLE x(name TEXT, low_ns INTEGER, high_ns INTEGER, count INTEGER)",
+    rows: histogram_rows,
+};
+
+fn histogram_rows() -> Vec<Vec<Value>> {
+    let mut rows = Vec::new();
+    for h in crate::process::engine().histograms() {
+        for (i, &count) in h.buckets.iter().enumerate().filter(|(_, &c)| c > 0) {
+            // Bucket 0 also holds what took under a nanosecond.
+            let low = if i == 0 { 0 } else { 1i64 << i };
+            rows.push(vec![
+                Value::Text(h.name.clone()),
+                Value::Int(low),
+                Value::Int(1i64 << (i + 1)),
+                Value::Int(count as i64),
+            ]);
+        }
+    }
+    rows
 }
 
 /// `sys.allocation_units`, so that SQL Server's scripts that join the descriptors to it run as

@@ -151,13 +151,6 @@ impl Attached {
         self.index.invalidate(hint, key.page, file.identity());
     }
 
-    /// After this process's own write: the file's stamp now vouches for its entries.
-    pub fn vouch(&self, file: &FileHandle, key: FileKey) {
-        if let (Some(f), Ok(stamp)) = (self.bound(key), file.stamp_now()) {
-            self.index.vouch(f, KnownStamp::taken_now(stamp));
-        }
-    }
-
     /// The file under local `key` was verified at `stamp`, a stamp read clear of the racy
     /// window (see `Extension::vouch_shared`).
     pub fn vouch_verified(&self, key: FileKey, stamp: crate::io::FileStamp) {

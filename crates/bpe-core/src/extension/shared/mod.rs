@@ -217,6 +217,13 @@ fn file_of_segment(segment: &File) -> Option<PathBuf> {
     Some(PathBuf::from(std::ffi::OsStr::from_bytes(bytes)))
 }
 
+fn no_memory(path: &Path, reason: String) -> Error {
+    Error::SharedMemoryUnavailable {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
 fn bad(path: &Path, reason: impl Into<String>) -> Error {
     Error::BadExtensionPath {
         path: path.to_path_buf(),
@@ -279,7 +286,7 @@ impl SharedIndex {
             ino: meta.ino(),
         };
         let shm = memory_path(identity)
-            .map_err(|e| bad(path, format!("no shared memory for it: {e}")))?;
+            .map_err(|e| no_memory(path, format!("no shared memory for it: {e}")))?;
         let others = (0..MAX_PARTICIPANTS)
             .filter(|&i| ofd::held_elsewhere(&locks, participant_byte(i)))
             .count();
@@ -287,7 +294,7 @@ impl SharedIndex {
         // Never resized under processes attached to it: a segment of another length is theirs,
         // of another size or version, and is refused below.
         let mem = SharedMemory::open(&shm, layout.len, others == 0)
-            .map_err(|e| bad(path, format!("its shared memory {e}")))?;
+            .map_err(|e| no_memory(path, format!("its shared memory {e}")))?;
         let me = (0..MAX_PARTICIPANTS)
             .find(|&i| ofd::try_exclusive(&locks, participant_byte(i)))
             .ok_or_else(|| {
@@ -350,7 +357,9 @@ impl SharedIndex {
     /// Lays out a new segment for the extension file at `path` (nobody else is attached; the
     /// admin byte is held).
     fn initialize(&self, path: &Path) -> Result<()> {
-        let failed = |e: std::io::Error| bad(self.mem.path(), format!("cannot initialize: {e}"));
+        let failed = |e: std::io::Error| {
+            no_memory(path, format!("its shared memory cannot be laid out: {e}"))
+        };
         self.mem.zero().map_err(failed)?;
         let base = self.mem.base().as_ptr();
         let id = random_id();
