@@ -213,4 +213,8 @@ fn the_latency_histograms_are_a_table_of_their_buckets() {
         &c,
         "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF",
     );
+    exec(
+        &c,
+        &format!("EXEC sp_configure 'max server memory (MB)', {memory}"),
+    );
 }
