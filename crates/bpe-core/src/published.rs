@@ -256,6 +256,15 @@ fn list_in(base: &Path) -> Vec<Sample> {
     let mut out: Vec<Sample> = entries
         .filter_map(|e| {
             let name = e.ok()?.file_name().into_string().ok()?;
+            if let Some(pid) = name.strip_suffix(".tmp").and_then(|p| p.parse().ok()) {
+                // A sample half written by a process killed before its rename: nothing else
+                // would ever remove it. (A live process's is left alone; a pid reused since
+                // only costs that process one second's sample.)
+                if process_start(pid).is_none() {
+                    let _ = fs::remove_file(dir.join(&name));
+                }
+                return None;
+            }
             let pid = name.strip_suffix(&format!(".{SUFFIX}"))?.parse().ok()?;
             read_from(&dir, pid)
         })
@@ -319,6 +328,33 @@ mod tests {
     /// directory anyone may write, could otherwise show the monitor a forged sample. The base
     /// directory is a temporary one (the real one is shared by the tests running at the same
     /// time). A directory or a file of another user needs root to make (`chown`).
+    /// A process killed between writing its sample and renaming it into place leaves a
+    /// `<pid>.tmp`; the next listing removes it once the process is gone, and only then.
+    #[test]
+    fn a_half_written_sample_of_a_dead_process_is_removed() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = directory_in(base.path());
+        fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id() as i32;
+        child.wait().unwrap();
+        let (gone, live) = (
+            dir.join(format!("{dead}.tmp")),
+            dir.join(format!("{}.tmp", std::process::id())),
+        );
+        fs::write(&gone, "").unwrap();
+        fs::write(&live, "").unwrap();
+        assert_eq!(list_in(base.path()), Vec::new());
+        assert!(
+            !gone.exists(),
+            "a dead process's half-written sample stayed"
+        );
+        assert!(
+            live.exists(),
+            "a live process's sample in the making was removed"
+        );
+    }
+
     #[test]
     fn samples_are_read_only_from_this_users_private_directory_and_own_files() {
         let base = tempfile::tempdir().unwrap();

@@ -114,11 +114,14 @@ fn a_directory_another_user_made_is_refused_visibly() {
             .find_map(|l| l.split_once(key).map(|(_, v)| v))
             .unwrap_or_else(|| panic!("no {key} in: {what}"))
     };
-    // The shared extension is refused, and says why.
-    assert_eq!(value("state="), "BUFFER POOL EXTENSION DISABLED", "{what}");
+    // No shared memory in another user's directory: the extension, shared by default, is this
+    // process's own instead, and says why.
+    assert_eq!(value("state="), "BUFFER POOL EXTENSION ENABLED", "{what}");
     let failure = value("failure=");
+    assert!(failure.contains("cannot be shared"), "{what}");
     assert!(failure.contains("/dev/shm/sqlite-bpe-"), "{what}");
     assert!(failure.contains("uid 65534"), "{what}");
+    assert!(failure.contains("this process's own instead"), "{what}");
     let logs: Vec<&str> = out.lines().filter(|l| l.starts_with("LOG ")).collect();
     assert!(
         logs.iter()
