@@ -35,6 +35,11 @@ fn iterations(default: usize) -> usize {
 fn small_engine() -> Arc<Engine> {
     Engine::new(Config {
         max_memory: 48 << 10,
+        // Private: Shuttle schedules the core's own locks, and a shared extension's index sits
+        // behind a process-shared pthread mutex and file locks it cannot schedule (a task parked
+        // holding that mutex stalls every other task for good). The shared protocol has its
+        // own deterministic simulation (extension/shared/sim.rs).
+        shared_extension: false,
         ..Config::default()
     })
 }
