@@ -123,9 +123,12 @@ impl SharedMemory {
 /// descriptor lives: a shared `flock`, which the kernel drops when the process dies, however it
 /// dies. A sweeper removes a file only while it holds the exclusive lock ([`remove_if_unused`]),
 /// so a file is never removed under a process using it; one removed between this open and the
-/// lock is not the path's any more, and is opened again.
+/// lock is not the path's any more, and is opened again. The lock is tried, not waited for:
+/// a sweeper holds it for microseconds, but a process forked in that moment holds a copy of it
+/// for as long as it lives, and an attach must not wait for that (it fails after a second, and
+/// an extension shared by default is then private).
 fn open_in_use(path: &Path) -> std::io::Result<File> {
-    for _ in 0..100 {
+    for _ in 0..1000 {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -134,8 +137,13 @@ fn open_in_use(path: &Path) -> std::io::Result<File> {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)?;
         // SAFETY: a plain syscall on a descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH) } != 0 {
-            return Err(std::io::Error::last_os_error());
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(e);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            continue; // a sweeper looks at it
         }
         let opened = file.metadata()?;
         match std::fs::symlink_metadata(path) {
@@ -144,7 +152,7 @@ fn open_in_use(path: &Path) -> std::io::Result<File> {
         }
     }
     Err(std::io::Error::other(
-        "it keeps being removed while this process opens it",
+        "it keeps being removed, or held by a sweeping process, while this process opens it",
     ))
 }
 
@@ -167,8 +175,12 @@ pub(crate) fn remove_if_unused(path: &Path, unused: impl FnOnce(&File) -> bool) 
         (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
         _ => false,
     };
-    let u = same && unused(&file);
-    u && std::fs::remove_file(path).is_ok()
+    let removed = same && unused(&file) && std::fs::remove_file(path).is_ok();
+    // Given back explicitly, not by the close: a child forked meanwhile holds a copy of the
+    // descriptor, and with it the lock, for as long as it lives.
+    // SAFETY: a plain syscall on a descriptor we own.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+    removed
 }
 
 /// Allocates the memory of the file's first `len` bytes now (pages already there stay as they
