@@ -121,12 +121,7 @@ fn counters(stdout: &str) -> [u64; 4] {
     [n[0], n[1], n[2], n[3]]
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Sharing {
-    Private,
-    Shared,
-}
-use Sharing::*;
+use bpe_core::Sharing::{self, *};
 
 fn child(mode: &str, db: &Path, ext: &Path, expect: &str, sharing: Sharing) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
