@@ -122,6 +122,42 @@ fn a_resize_waits_for_the_others_and_the_file_goes_with_the_last() {
     assert!(!ext.exists(), "the last to leave removed it");
 }
 
+/// A batch that turns a shared extension OFF and ON again at the same path as this process's
+/// own (or at another size) is refused as a whole while other processes use the file: the
+/// second step could only fail, after the first had already left the extension.
+#[test]
+fn off_then_on_again_private_or_resized_is_refused_while_others_share_the_file() {
+    use bpe_core::SettingChange::{ExtensionOff, ExtensionOn};
+    let dir = tempdir();
+    let ext = dir.path().join("ext.bpe");
+    let (a, b) = (shared_engine(), shared_engine());
+    a.enable_extension(&ext, EXT).unwrap();
+    b.enable_extension(&ext, EXT).unwrap();
+    let on = |size, sharing| ExtensionOn {
+        path: &ext,
+        size,
+        sharing,
+    };
+    let refused = |changes: &[bpe_core::SettingChange<'_>]| {
+        let (i, e) = a.check_changes(changes).unwrap_err();
+        assert_eq!(i, 1, "the ON is the step refused: {e}");
+        e.to_string()
+    };
+    let err = refused(&[ExtensionOff, on(EXT, Some(Sharing::Private))]);
+    assert!(err.contains("using it"), "{err}");
+    let err = refused(&[ExtensionOff, on(2 * EXT, None)]);
+    assert!(err.contains("shared at"), "{err}");
+    // Joining again at the same size is what the others allow.
+    a.check_changes(&[ExtensionOff, on(EXT, None)]).unwrap();
+    assert_eq!(a.extension_sharing(), Some(Sharing::Shared));
+    // With the others gone, both are this process's to do.
+    b.disable_extension().unwrap();
+    a.check_changes(&[ExtensionOff, on(EXT, Some(Sharing::Private))])
+        .unwrap();
+    a.check_changes(&[ExtensionOff, on(2 * EXT, None)]).unwrap();
+    a.disable_extension().unwrap();
+}
+
 /// DBCC DROPCLEANBUFFERS in one process empties the machine's one extension, as SQL Server's
 /// empties its instance's one buffer pool: the other process reads from the data file again.
 #[test]

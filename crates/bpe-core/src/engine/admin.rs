@@ -5,7 +5,7 @@
 
 use super::Engine;
 use crate::config::{physical_memory, Sharing, INDEX_BUDGET_DIVISOR, MIN_MAX_MEMORY};
-use crate::error::{Error, Result};
+use crate::error::{Error, ExtensionRefusal, Result};
 use crate::extension::{initial_index_bytes, MIN_EXTENSION_BYTES};
 use crate::io::FileIdentity;
 use std::path::{Path, PathBuf};
@@ -154,8 +154,10 @@ impl Engine {
                         return Err(Error::ExtensionAlreadyEnabled { path: p.clone() })
                     }
                     None if *turned_off && current_path.as_deref() == Some(path) => {
-                        // The file there now is the one an earlier OFF deletes.
+                        // The file there now is the one an earlier OFF leaves: deleted if this
+                        // process was its last user, kept for the others if it was shared.
                         check_extension_size(size, plan.max_memory)?;
+                        self.check_others_allow(path, size, sharing)?;
                         plan.extension = Some(new);
                     }
                     None => {
@@ -173,6 +175,32 @@ impl Engine {
                 check_max_memory(bytes, plan.extension.as_ref().map_or(0, |e| e.2))?;
                 plan.max_memory = bytes;
             }
+        }
+        Ok(())
+    }
+
+    /// After this process leaves the shared extension at `path`, whether the processes still
+    /// attached let it enable `path` again as `sharing` at `size`: they keep the file, so only
+    /// joining them at their size can succeed.
+    fn check_others_allow(&self, path: &Path, size: u64, sharing: Option<Sharing>) -> Result<()> {
+        let Some(ext) = self.current_extension() else {
+            return Ok(());
+        };
+        let others = ext.shared().map_or(0, |s| s.others_attached());
+        if others == 0 {
+            return Ok(());
+        }
+        let refused = |why| Error::ExtensionRefused {
+            path: path.to_path_buf(),
+            why,
+        };
+        if sharing.unwrap_or(self.config.default_sharing()) == Sharing::Private {
+            return Err(refused(ExtensionRefusal::InUse));
+        }
+        if effective_extension_size(size) != ext.size_bytes() {
+            return Err(refused(ExtensionRefusal::SharedAtOtherSize(
+                ext.size_bytes(),
+            )));
         }
         Ok(())
     }
