@@ -234,7 +234,7 @@ impl EnvConfig {
             }
             // Enabled, but not as asked (private where no shared memory could be had).
             Ok(_) => {
-                if let Some(why) = engine.extension_status().last_failure {
+                if let Some(why) = engine.extension_status().private_because {
                     crate::api::log(
                         libsqlite3_sys::SQLITE_WARNING,
                         &format!("BPE_EXTENSION_FILE: {why}"),

@@ -41,6 +41,9 @@ pub fn run(name: &str, value: Option<&str>) -> Option<Result<String, String>> {
             if let Some(f) = s.last_failure {
                 out += &format!(" (last failure: {f})");
             }
+            if let Some(why) = s.private_because {
+                out += &format!(" (private: {why})");
+            }
             return Some(Ok(out));
         }
         ("bpe_extension", Some(v)) if v.eq_ignore_ascii_case("off") => Statement::ExtensionOff,

@@ -1,7 +1,7 @@
 //! Issue 30: another local user who makes this user's directory under /dev/shm
 //! (`/dev/shm/sqlite-bpe-<uid>`, where a shared extension's index and the counters for
 //! `sqlite-bpe monitor` live) before this user does. Nothing of ours goes there then (refusing
-//! is right), but the refusal must be visible: the shared extension's `last_failure` and
+//! is right), but the refusal must be visible: the extension's `private_because` and
 //! sqlite3_log name the directory and why it is not ours, and sqlite3_log says the counters are
 //! not published.
 //!
@@ -43,7 +43,8 @@ const CHILD: &str = "BPE_FOREIGN_SHM_TEST_CHILD";
 /// BPE_FOREIGN_SHM_TEST_CHILD is set). Collects what sqlite3_log says while the engine starts
 /// with the shared extension of its environment and runs its first second (the counters are
 /// published at once, then every second), and prints it, one message a line, after `LOG `; and
-/// the extension's state and last failure after `state=` and `failure=`.
+/// the extension's state, last failure and why it is private after `state=`, `failure=` and
+/// `private_because=`.
 #[test]
 #[ignore]
 fn child_entry() {
@@ -54,15 +55,17 @@ fn child_entry() {
     let conn = open_bpe(&std::env::current_dir().unwrap().join("app.db"));
     conn.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
         .unwrap();
-    let (state, failure): (String, Option<String>) = conn
+    let (state, failure, why): (String, Option<String>, Option<String>) = conn
         .query_row(
-            "SELECT state_description, last_failure FROM bpe_extension_configuration",
+            "SELECT state_description, last_failure, private_because \
+             FROM bpe_extension_configuration",
             [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .unwrap();
     println!("state={state}");
     println!("failure={}", failure.unwrap_or_default());
+    println!("private_because={}", why.unwrap_or_default());
     // The publisher tries at once; waits for what it says, for a while.
     let deadline = Instant::now() + Duration::from_secs(3);
     while Instant::now() < deadline && !sqlite_log().iter().any(|s| s.contains("counters")) {
@@ -117,11 +120,12 @@ fn a_directory_another_user_made_is_refused_visibly() {
     // No shared memory in another user's directory: the extension, shared by default, is this
     // process's own instead, and says why.
     assert_eq!(value("state="), "BUFFER POOL EXTENSION ENABLED", "{what}");
-    let failure = value("failure=");
-    assert!(failure.contains("cannot be shared"), "{what}");
-    assert!(failure.contains("/dev/shm/sqlite-bpe-"), "{what}");
-    assert!(failure.contains("uid 65534"), "{what}");
-    assert!(failure.contains("this process's own instead"), "{what}");
+    assert_eq!(value("failure="), "", "not a failure: {what}");
+    let why = value("private_because=");
+    assert!(why.contains("cannot be shared"), "{what}");
+    assert!(why.contains("/dev/shm/sqlite-bpe-"), "{what}");
+    assert!(why.contains("uid 65534"), "{what}");
+    assert!(why.contains("this process's own instead"), "{what}");
     let logs: Vec<&str> = out.lines().filter(|l| l.starts_with("LOG ")).collect();
     assert!(
         logs.iter()

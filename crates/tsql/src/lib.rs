@@ -347,9 +347,9 @@ fn extension_on(
         None => engine.enable_extension(path, size)?,
     }
     let status = engine.extension_status();
-    // Set by a successful enable only when it is not what was asked for (see enable_extension).
+    // Private though sharing was the default: why (see enable_extension).
     let note = status
-        .last_failure
+        .private_because
         .map_or(String::new(), |why| format!(" Note: {why}."));
     Ok(format!(
         "Buffer pool extension enabled at '{}' with {} ({}).{note}",

@@ -58,6 +58,9 @@ pub struct ExtensionStatus {
     pub last_failure: Option<String>,
     /// Shared or private, while an extension is enabled.
     pub sharing: Option<Sharing>,
+    /// Why the extension enabled now is private though sharing was the default (no shared
+    /// memory to be had): a setting's consequence, not a failure, so it never hides one.
+    pub private_because: Option<String>,
 }
 
 /// Where the extension is in its lifecycle.
@@ -92,6 +95,8 @@ pub(crate) enum Phase {
 pub(crate) struct Lifecycle {
     phase: Phase,
     last_failure: Option<String>,
+    /// Set when an extension shared by default fell back to private; kept across resizes.
+    private_because: Option<String>,
 }
 
 impl Lifecycle {
@@ -111,6 +116,7 @@ impl Lifecycle {
             size_bytes,
             last_failure: self.last_failure.clone(),
             sharing: None,
+            private_because: None,
         }
     }
 }
@@ -126,8 +132,14 @@ impl Engine {
 
     /// The extension's state now. A pure read.
     pub fn extension_status(&self) -> ExtensionStatus {
-        let mut status = self.lifecycle.lock().status();
+        let (mut status, private_because) = {
+            let l = self.lifecycle.lock();
+            (l.status(), l.private_because.clone())
+        };
         status.sharing = self.extension_sharing();
+        if status.sharing == Some(Sharing::Private) {
+            status.private_because = private_because;
+        }
         if status.last_failure.is_none() {
             status.last_failure = self
                 .extension
@@ -141,7 +153,7 @@ impl Engine {
     /// ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION ON (FILENAME = path, SIZE = size):
     /// shared or private as the configuration says (shared unless told otherwise). Shared by
     /// default where no shared memory can be had (a container's small /dev/shm), it is this
-    /// process's own instead, and `last_failure` says why.
+    /// process's own instead, and `private_because` says why.
     pub fn enable_extension(&self, path: &Path, size: u64) -> Result<()> {
         self.enable_checked(path, size, self.config.default_sharing(), true)
     }
@@ -165,6 +177,7 @@ impl Engine {
                 path: ext.path().to_path_buf(),
             });
         }
+        self.lifecycle.lock().private_because = None;
         match self.enable_locked(path, size, sharing) {
             Err(e @ Error::SharedMemoryUnavailable { .. }) if fallback => {
                 if self.enable_locked(path, size, Sharing::Private).is_err() {
@@ -172,7 +185,7 @@ impl Engine {
                 }
                 let why = format!("{e}; the extension is this process's own instead");
                 log::warn!("{why}");
-                self.lifecycle.lock().last_failure = Some(why);
+                self.lifecycle.lock().private_because = Some(why);
                 Ok(())
             }
             other => other,

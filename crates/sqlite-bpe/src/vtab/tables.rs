@@ -86,7 +86,7 @@ fn descriptor_rows() -> Vec<Vec<Value>> {
 
 static CONFIGURATION: TableDef = TableDef {
     name: c"bpe_extension_configuration",
-    schema: c"CREATE TABLE x(path TEXT, file_id INTEGER, state INTEGER, state_description TEXT, current_size_in_kb INTEGER, last_failure TEXT HIDDEN, sharing TEXT HIDDEN)",
+    schema: c"CREATE TABLE x(path TEXT, file_id INTEGER, state INTEGER, state_description TEXT, current_size_in_kb INTEGER, last_failure TEXT HIDDEN, sharing TEXT HIDDEN, private_because TEXT HIDDEN)",
     rows: configuration_rows,
 };
 
@@ -95,7 +95,7 @@ static CONFIGURATION: TableDef = TableDef {
 /// so the columns are here, and the shell runs this table for `PRAGMA bpe_extension;`.
 static PRAGMA_EXTENSION: TableDef = TableDef {
     name: c"pragma_bpe_extension",
-    schema: c"CREATE TABLE x(path TEXT, file_id INTEGER, state INTEGER, state_description TEXT, current_size_in_kb INTEGER, last_failure TEXT, sharing TEXT)",
+    schema: c"CREATE TABLE x(path TEXT, file_id INTEGER, state INTEGER, state_description TEXT, current_size_in_kb INTEGER, last_failure TEXT, sharing TEXT, private_because TEXT)",
     rows: configuration_rows,
 };
 
@@ -112,6 +112,8 @@ fn configuration_rows() -> Vec<Vec<Value>> {
         // sqlite-bpe's own: 'shared' or 'private' while enabled (SQL Server's has no such choice).
         s.sharing
             .map_or(Value::Null, |sharing| Value::Text(sharing.word().into())),
+        // Why it is private though sharing was the default (no shared memory to be had).
+        s.private_because.map_or(Value::Null, Value::Text),
     ]]
 }
 
