@@ -72,7 +72,9 @@ fn readers_never_see_torn_or_stale_pages() {
                 while !done.load(SeqCst) {
                     i += 1;
                     match i % 6 {
-                        0 => engine.drop_clean_buffers(),
+                        0 => {
+                            let _ = engine.drop_clean_buffers();
+                        }
                         1 => {
                             let _ = engine.disable_extension();
                         }

@@ -165,7 +165,9 @@ impl World {
             Op::Resize { mib } => {
                 let _ = e.resize_extension(mib << 20);
             }
-            Op::DropCleanBuffers => e.drop_clean_buffers(),
+            Op::DropCleanBuffers => {
+                let _ = e.drop_clean_buffers();
+            }
             Op::Truncate { file, pages } => {
                 e.truncate(&self.files[file], pages * PAGE as u64).unwrap();
                 for p in pages..self.len[file] {

@@ -304,8 +304,14 @@ pub fn execute(engine: &Engine, statement: &Statement) -> bpe_core::Result<Strin
             "RECONFIGURE: nothing pending (configuration changes apply at once).".into()
         }
         Statement::DropCleanBuffers => {
-            engine.drop_clean_buffers();
-            "DBCC DROPCLEANBUFFERS: clean pages dropped from memory and the extension.".into()
+            if engine.drop_clean_buffers() {
+                "DBCC DROPCLEANBUFFERS: clean pages dropped from memory and the extension.".into()
+            } else {
+                "DBCC DROPCLEANBUFFERS: clean pages dropped from memory; the shared extension's \
+                 lock is held by a stopped process: it is emptied when that process lets go, \
+                 and nothing is read from it until then."
+                    .into()
+            }
         }
     })
 }

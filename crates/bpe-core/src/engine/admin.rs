@@ -268,12 +268,13 @@ impl Engine {
         self.validate_extension_with(path, size, self.max_memory())
     }
 
-    /// DBCC DROPCLEANBUFFERS: empties L1 and L2 (every cached page is clean).
-    pub fn drop_clean_buffers(&self) {
+    /// DBCC DROPCLEANBUFFERS: empties L1 and L2 (every cached page is clean). False: a shared
+    /// extension's lock is held by a stopped process (SIGSTOP, a debugger, a paused container);
+    /// it is emptied when that process lets go, and until then nobody reads from it.
+    pub fn drop_clean_buffers(&self) -> bool {
         self.pool.invalidate(None);
-        if let Some(ext) = self.current_extension() {
-            ext.invalidate_where(None, 0);
-        }
+        self.current_extension()
+            .is_none_or(|ext| ext.invalidate_where(None, 0))
     }
 
     /// Whether `identity` is the extension file's: no file SQLite opens may ever be it.

@@ -233,7 +233,8 @@ impl Engine {
         if self.next_key.load(Relaxed) < u32::MAX - HEADROOM {
             return;
         }
-        self.drop_clean_buffers();
+        // Every cached page goes under its old key (a shared extension's names are its own).
+        let _ = self.drop_clean_buffers();
         let mut next = 1;
         for f in files.all() {
             f.set_key(next);

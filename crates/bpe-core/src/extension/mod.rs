@@ -709,16 +709,19 @@ impl Extension {
     }
 
     /// Drops every copy of pages of `file` from `first_page` on (all files if None). A shared
-    /// extension forgets the whole file, for every process.
-    pub fn invalidate_where(&self, file: Option<FileKey>, first_page: u64) {
+    /// extension forgets the whole file, for every process. False: a shared extension whose
+    /// lock a stopped process holds is emptied at this process's next lock instead.
+    pub fn invalidate_where(&self, file: Option<FileKey>, first_page: u64) -> bool {
         let hit = |k: PageKey| file.is_none_or(|f| k.file == f) && k.page >= first_page;
         if let Some(s) = &self.shared {
             self.tables.write().staged.retain(|k, _| !hit(*k));
-            match file {
-                Some(_) => s.forget(file),
+            return match file {
+                Some(_) => {
+                    s.forget(file);
+                    true
+                }
                 None => s.forget_everything(),
-            }
-            return;
+            };
         }
         let mut t = self.tables.write();
         t.staged.retain(|k, _| !hit(*k));
@@ -728,6 +731,7 @@ impl Extension {
             self.waiting_files.store(0, Relaxed);
         }
         self.index_changed.store(true, Relaxed);
+        true
     }
 
     /// Every cached page with the time its region was last referenced and, in a shared

@@ -161,23 +161,27 @@ impl Attached {
 
     /// Forgets every page of the file under `key` (all bound files if None), for every process.
     pub fn forget(&self, key: Option<FileKey>) {
-        let forgotten: Vec<(SharedFile, FileIdentity)> = {
-            let mut b = self.bindings.write();
-            self.forgets.fetch_add(1, SeqCst);
-            match key {
-                Some(k) => b.remove(&k).into_iter().collect(),
-                None => b.drain().map(|(_, b)| b).collect(),
-            }
-        };
-        for (f, id) in forgotten {
+        for (f, id) in self.unbind(key) {
             self.index.forget_file(f, id);
         }
     }
 
-    /// Forgets every page of every file, bound here or not, for every process.
-    pub fn forget_everything(&self) {
-        self.forget(None);
-        self.index.empty();
+    /// Drops this process's bindings of the file under `key` (all if None); returns them.
+    fn unbind(&self, key: Option<FileKey>) -> Vec<(SharedFile, FileIdentity)> {
+        let mut b = self.bindings.write();
+        self.forgets.fetch_add(1, SeqCst);
+        match key {
+            Some(k) => b.remove(&k).into_iter().collect(),
+            None => b.drain().map(|(_, b)| b).collect(),
+        }
+    }
+
+    /// Forgets every page of every file, bound here or not, for every process. False: done at
+    /// this process's next lock (see `SharedIndex::empty`). Emptying voids every file's key,
+    /// so the bindings here only go (forgetting each file would wait for the lock again).
+    pub fn forget_everything(&self) -> bool {
+        self.unbind(None);
+        self.index.empty()
     }
 
     /// The local key of each shared key this process has bound.

@@ -164,6 +164,8 @@ pub struct SharedIndex {
     /// only try the lock, so that a stopped holder costs each lookup nothing more.
     stalled_until_ms: AtomicU64,
     started: std::time::Instant,
+    /// An `empty` that could not wait for a stopped holder: done by this process's next lock.
+    empty_pending: std::sync::atomic::AtomicBool,
 }
 
 /// How long a lookup, a binding or an invalidation waits for the lock before it gives up: about
@@ -172,6 +174,9 @@ pub struct SharedIndex {
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
 /// After a wait gave up, bounded waits only try the lock for this long.
 const STALL_MS: u64 = 100;
+/// How long DBCC DROPCLEANBUFFERS waits for the lock before it leaves the emptying to this
+/// process's next lock: an operator's command, never stalled by a stopped participant.
+const EMPTY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Removes this user's shared memory of extension files that are gone (removed by hand, their
 /// temporary directory cleaned, an older version's layout), once no process has it open: a
@@ -314,6 +319,7 @@ impl SharedIndex {
             lock_timeouts: AtomicU64::new(0),
             lock_wait: Default::default(),
             stalled_until_ms: AtomicU64::new(0),
+            empty_pending: std::sync::atomic::AtomicBool::new(false),
             started: std::time::Instant::now(),
         };
         let header = index.header();
@@ -500,6 +506,11 @@ impl SharedIndex {
             log::warn!(
                 "shared buffer pool extension: a process died holding its lock; index emptied"
             );
+        }
+        if self.empty_pending.load(Ordering::Relaxed)
+            && self.empty_pending.swap(false, Ordering::AcqRel)
+        {
+            g.tables.recover();
         }
         self.apply_deferred(&mut g.tables);
         g
@@ -713,11 +724,20 @@ impl SharedIndex {
 
     /// Empties the index for every process (DBCC DROPCLEANBUFFERS: one extension per machine, as
     /// SQL Server has one buffer pool per instance): every entry goes and every file's key is
-    /// voided, exactly as a recovery does, so claims and reads in flight miss.
-    pub fn empty(&self) {
-        if let Some(mut g) = self.lock() {
-            g.tables.recover();
+    /// voided, exactly as a recovery does, so claims and reads in flight miss. False when the
+    /// lock's holder kept it past [`EMPTY_WAIT`] (stopped): this process's next lock empties it
+    /// then, and until then no process can look anything up either.
+    pub fn empty(&self) -> bool {
+        self.empty_pending.store(true, Ordering::Release);
+        // The guard empties it (see `guard`), whoever takes the lock first in this process.
+        let emptied = self.lock_with(Some(EMPTY_WAIT)).is_some();
+        if !emptied && !self.broken.load(Ordering::Relaxed) {
+            log::warn!(
+                "shared buffer pool extension: its lock is held by a stopped process; emptied \
+                 when it lets go"
+            );
         }
+        emptied
     }
 
     /// The slot that holds file `id`: the one `file` names if it still does, else any.

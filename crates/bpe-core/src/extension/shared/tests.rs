@@ -798,3 +798,53 @@ fn a_stopped_lock_holder_costs_a_bounded_wait_and_never_a_stale_page() {
         "a stopped holder is not a dead one"
     );
 }
+
+/// DBCC DROPCLEANBUFFERS beside a stopped lock holder returns within its bound instead of
+/// waiting for the holder, and the emptying is not lost: the process's next lock, once the
+/// holder lets go, empties the index before anything is looked up under it.
+#[test]
+fn emptying_beside_a_stopped_lock_holder_returns_and_empties_when_it_lets_go() {
+    let s = setup();
+    let a = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let c = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let id = FileIdentity { dev: 1, ino: 9 };
+    let f = a.bind(stamp(9, 100, false)).unwrap();
+    let claim = a.claim_region().unwrap();
+    assert_eq!(admit(&a, claim, f, 1, a.epoch(id, 1)), 1);
+
+    let pid = stop_holding_the_lock(&c);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let emptied = std::thread::scope(|scope| {
+        scope.spawn(|| tx.send(a.empty()).unwrap());
+        match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+            Ok(emptied) => emptied,
+            Err(_) => {
+                // SAFETY: kills the stopped child: its lock is recovered, and the thread ends.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                panic!("emptying waited for the stopped holder");
+            }
+        }
+    });
+    assert!(!emptied, "said emptied while another process held the lock");
+    resume(pid);
+    // Every name is voided and the file bound afresh finds nothing.
+    assert_eq!(
+        a.lookup(f, 1),
+        Found::Moved,
+        "the old name still finds its file"
+    );
+    let f = a.bind(stamp(9, 100, false)).unwrap();
+    assert_eq!(
+        a.lookup(f, 1),
+        Found::Miss,
+        "the page outlived a DROPCLEANBUFFERS"
+    );
+    a.check().unwrap();
+    assert_eq!(a.stats().recoveries, 0, "an emptying, not a recovery");
+    // Emptied once: what is admitted afterwards stays.
+    let claim = a.claim_region().unwrap();
+    assert_eq!(admit(&a, claim, f, 1, a.epoch(id, 1)), 1);
+    assert!(matches!(a.lookup(f, 1), Found::Hit(_)));
+    assert!(a.empty(), "nobody holds the lock now");
+    assert!(!matches!(a.lookup(f, 1), Found::Hit(_)));
+}
