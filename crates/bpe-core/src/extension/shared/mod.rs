@@ -166,7 +166,29 @@ pub struct SharedIndex {
     started: std::time::Instant,
     /// An `empty` that could not wait for a stopped holder: done by this process's next lock.
     empty_pending: std::sync::atomic::AtomicBool,
+    /// Set by `detach` before it lets the segment go; no [`InUse`] is handed out after.
+    detached: AtomicBool,
+    /// [`InUse`] tokens alive: threads touching the mapping now (`detach` waits for them).
+    in_use: AtomicU64,
 }
+
+/// Held by a thread while it touches the shared mapping. Once a process detaches, its segment
+/// may be laid out anew (truncated and zeroed) by the next process to attach, or swept: a late
+/// touch from a thread of the detached process would then be a SIGBUS, or a write into another
+/// layout's tables. `detach` marks the index detached and waits for every token to go before
+/// it gives up its participant lock, so no touch comes after.
+struct InUse<'a>(&'a SharedIndex);
+
+impl Drop for InUse<'_> {
+    fn drop(&mut self) {
+        self.0.in_use.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How long `detach` waits for threads still touching the mapping (a lookup waits at most
+/// [`LOCK_WAIT`]); past it (counts copied into a forked child from threads it does not have)
+/// it goes on, logged.
+const DETACH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long a lookup, a binding or an invalidation waits for the lock before it gives up: about
 /// a slow-disk read, far more than anyone holds it (a few hundred nanoseconds), and more than a
@@ -245,6 +267,8 @@ pub fn memory_path(identity: FileIdentity) -> std::io::Result<PathBuf> {
 struct Guard<'a> {
     index: &'a SharedIndex,
     tables: Tables<'a>,
+    // Dropped after `drop` below unlocked.
+    _in_use: InUse<'a>,
 }
 
 impl Drop for Guard<'_> {
@@ -320,6 +344,8 @@ impl SharedIndex {
             lock_wait: Default::default(),
             stalled_until_ms: AtomicU64::new(0),
             empty_pending: std::sync::atomic::AtomicBool::new(false),
+            detached: AtomicBool::new(false),
+            in_use: AtomicU64::new(0),
             started: std::time::Instant::now(),
         };
         let header = index.header();
@@ -392,6 +418,14 @@ impl SharedIndex {
         Ok(())
     }
 
+    /// Leave to touch the mapping (None once detached): both SeqCst, so that either `detach`
+    /// sees this token or this sees `detached` (a store-load pair on each side).
+    fn enter(&self) -> Option<InUse<'_>> {
+        self.in_use.fetch_add(1, Ordering::SeqCst);
+        let token = InUse(self);
+        (!self.detached.load(Ordering::SeqCst)).then_some(token)
+    }
+
     fn header(&self) -> &Header {
         // SAFETY: the mapping starts with a Header (page-aligned); after initialization its
         // geometry is never written again, its magic is atomic, and its mutex is only used
@@ -456,10 +490,11 @@ impl SharedIndex {
         if self.broken.load(Ordering::Relaxed) {
             return None;
         }
+        let in_use = self.enter()?;
         match self.header().mutex.try_lock() {
             Ok(Some(found)) => {
                 self.lock_wait.record(std::time::Duration::ZERO);
-                Some(self.guard(found))
+                Some(self.guard(found, in_use))
             }
             Ok(None) => None,
             Err(e) => self.unusable(e),
@@ -476,6 +511,7 @@ impl SharedIndex {
         if self.broken.load(Ordering::Relaxed) {
             return None;
         }
+        let in_use = self.enter()?;
         let mutex = &self.header().mutex;
         let started = std::time::Instant::now();
         let found = match wait.map_or_else(|| mutex.lock().map(Some), |w| mutex.lock_within(w)) {
@@ -486,17 +522,18 @@ impl SharedIndex {
             Ok(None) => return None,
             Err(e) => return self.unusable(e),
         };
-        Some(self.guard(found))
+        Some(self.guard(found, in_use))
     }
 
     /// The guard of the lock this thread just took (`found`: how).
-    fn guard(&self, found: Locked) -> Guard<'_> {
+    fn guard<'a>(&'a self, found: Locked, in_use: InUse<'a>) -> Guard<'a> {
         // SAFETY: the mapping is laid out by self.layout and this thread now holds its mutex;
         // the guard is the only Tables made from it until it unlocks.
         let tables = unsafe { Tables::of(self.mem.base().as_ptr(), &self.layout) };
         let mut g = Guard {
             index: self,
             tables,
+            _in_use: in_use,
         };
         if found == Locked::OwnerDied {
             // Its holder died mid-change: the tables may be half changed (a file slot too).
@@ -568,6 +605,20 @@ impl SharedIndex {
             }
         }
         self.broken.store(true, Ordering::Relaxed);
+        self.detached.store(true, Ordering::SeqCst);
+        let started = std::time::Instant::now();
+        while self.in_use.load(Ordering::SeqCst) > 0 {
+            if started.elapsed() > DETACH_WAIT {
+                log::warn!(
+                    "shared buffer pool extension: detaching with {} uses of its memory \
+                     outstanding (a forked process's copies of its parent's threads?)",
+                    self.in_use.load(Ordering::SeqCst)
+                );
+                break;
+            }
+            std::thread::yield_now();
+        }
+        // From here on, this process never touches the segment: it may be laid out anew.
         ofd::release(&self.locks, participant_byte(self.me));
         // Last: no participant left, and nobody between opening the file and attaching (they
         // hold byte 0 shared, as every participant's file does; the caller released its own).
@@ -752,6 +803,10 @@ impl SharedIndex {
     /// The page's write epoch: read it before reading the page from the data file, and admit
     /// the page with it.
     pub fn epoch(&self, id: FileIdentity, page: u64) -> u64 {
+        // Detached: nothing read now can be published any more.
+        let Some(_in_use) = self.enter() else {
+            return 0;
+        };
         self.atomics(self.layout.stripes)[Self::stripe_of(id, page)].load(Ordering::SeqCst)
     }
 
@@ -780,7 +835,14 @@ impl SharedIndex {
     /// no copy in a stripe with one). Then, under the lock, the copy is removed and the pending
     /// count taken back. If the lock is not free within [`LOCK_WAIT`] (its holder is stopped),
     /// the removal waits for this process's next lock, and the write goes ahead at once.
+    ///
+    /// Detached, it does nothing: the segment is no longer this process's to touch, and its
+    /// writes are then a foreign writer's, which every process's change detection catches (the
+    /// WAL index, the header's change counter) as it catches plain SQLite's.
     pub fn invalidate(&self, file: SharedFile, page: u64, id: FileIdentity) {
+        let Some(_in_use) = self.enter() else {
+            return;
+        };
         let stripe = Self::stripe_of(id, page);
         self.atomics(self.layout.stripes)[stripe].fetch_add(1, Ordering::SeqCst);
         self.atomics(self.layout.pending)[stripe].fetch_add(1, Ordering::SeqCst);

@@ -848,3 +848,33 @@ fn emptying_beside_a_stopped_lock_holder_returns_and_empties_when_it_lets_go() {
     assert!(a.empty(), "nobody holds the lock now");
     assert!(!matches!(a.lookup(f, 1), Found::Hit(_)));
 }
+
+/// Issue 27 review: a thread of a process that has left the shared extension (its engine
+/// disabled it, or the process is exiting) may still be writing a page. Its invalidation must
+/// not touch the segment, which the next process to attach keeps or lays out anew: a pending
+/// count left in a kept segment hides that stripe's pages from every process for good (and in
+/// a segment laid out anew the touch is a SIGBUS or a write into another layout's tables).
+#[test]
+fn a_detached_process_never_touches_the_segment_again() {
+    let s = setup();
+    let a = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let id = FileIdentity { dev: 1, ino: 9 };
+    let fa = a.bind(stamp(9, 100, false)).unwrap();
+    assert!(a.detach(true, || {}), "a was the only one");
+
+    let b = SharedIndex::attach(&s.path, geometry()).unwrap();
+    let f = b.bind(stamp(9, 100, false)).unwrap();
+    let claim = b.claim_region().unwrap();
+    assert_eq!(admit(&b, claim, f, 1, b.epoch(id, 1)), 1);
+    let epoch = b.epoch(id, 1);
+    // a's late calls: a write's invalidation, a lookup, an epoch read.
+    a.invalidate(fa, 1, id);
+    assert_eq!(a.lookup(fa, 1), Found::Miss);
+    assert_eq!(a.epoch(id, 1), 0);
+    assert_eq!(b.epoch(id, 1), epoch, "a moved b's epoch after leaving");
+    assert!(
+        matches!(b.lookup(f, 1), Found::Hit(_)),
+        "a's late invalidation left a pending count in b's segment"
+    );
+    b.check().unwrap();
+}
