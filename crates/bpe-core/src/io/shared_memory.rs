@@ -156,6 +156,31 @@ fn open_in_use(path: &Path) -> std::io::Result<File> {
     ))
 }
 
+/// Whether any process maps `file` (at `path`), by its memory maps in /proc (the inode and
+/// the path): a test of use that needs nothing of the processes using it. True where /proc
+/// cannot tell (not readable, hidden processes aside: only this user's matter).
+pub(crate) fn mapped_by_any_process(path: &Path, file: &File) -> bool {
+    let Ok(ino) = file.metadata().map(|m| m.ino()) else {
+        return true;
+    };
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    let name = path.as_os_str().as_encoded_bytes();
+    processes.flatten().any(|p| {
+        let Ok(maps) = std::fs::read(p.path().join("maps")) else {
+            return false; // gone, or another user's
+        };
+        // "address perms offset dev inode    path"
+        maps.split(|&b| b == b'\n').any(|line| {
+            let mut fields = line.split(|&b| b == b' ').filter(|f| !f.is_empty());
+            let inode = fields.nth(4);
+            let mapped = fields.next();
+            inode == Some(ino.to_string().as_bytes()) && mapped == Some(name)
+        })
+    })
+}
+
 /// Removes the file at `path` if no process has it open through [`SharedMemory`] and
 /// `unused(file)` agrees (it reads the file; it runs with the exclusive lock held). Returns
 /// whether it was removed.

@@ -221,10 +221,14 @@ pub fn remove_orphaned_memory() {
         else {
             continue;
         };
-        crate::io::shared_memory::remove_if_unused(&entry.path(), |f| {
-            file_of_segment(f).is_none_or(|path| {
+        let segment = entry.path();
+        crate::io::shared_memory::remove_if_unused(&segment, |f| match file_of_segment(f) {
+            Some(path) => {
                 std::fs::symlink_metadata(path).map_or(true, |m| (m.dev(), m.ino()) != identity)
-            })
+            }
+            // Another layout version's: its processes may hold no lock on it (older ones did
+            // not), so only a segment that no process maps is unused.
+            None => !crate::io::shared_memory::mapped_by_any_process(&segment, f),
         });
     }
 }

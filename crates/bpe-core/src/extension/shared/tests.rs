@@ -878,3 +878,37 @@ fn a_detached_process_never_touches_the_segment_again() {
     );
     b.check().unwrap();
 }
+
+/// Issue 27 review: a segment of another layout version belongs to processes of that version,
+/// which may hold no lock on it (older versions took none). The sweep keeps it while any
+/// process maps it, and removes it once none does.
+#[test]
+fn another_versions_segment_is_swept_only_once_no_process_maps_it() {
+    let dir = crate::io::shm_dir::own_directory().unwrap();
+    let segment = dir.join(format!(
+        "extension-4294967295-{}.shared",
+        u32::MAX - std::process::id()
+    ));
+    std::fs::write(&segment, vec![0x5a_u8; 4096]).unwrap();
+    let file = std::fs::File::open(&segment).unwrap();
+    // SAFETY: a fresh read-only shared mapping of a 4 KiB file this test made; unmapped below.
+    let mapped = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+        )
+    };
+    assert_ne!(mapped, libc::MAP_FAILED);
+    drop(file);
+    remove_orphaned_memory();
+    let kept = segment.exists();
+    // SAFETY: the mapping made above, unmapped once.
+    unsafe { libc::munmap(mapped, 4096) };
+    assert!(kept, "swept while a process maps it");
+    remove_orphaned_memory();
+    assert!(!segment.exists(), "kept once no process maps it");
+}
