@@ -119,16 +119,11 @@ impl ChildRun {
 
 /// Runs this binary's `child_entry` in `mode` with `env`; SIGKILLs it after `watchdog`.
 fn run_child(mode: &str, dir: &Path, env: &[(&str, String)], watchdog: Duration) -> ChildRun {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(CHILD_ARGS)
-        .env(CHILD, mode)
-        .env(CHILD_DIR, dir)
+    let mut cmd = child_command(CHILD, mode);
+    cmd.env(CHILD_DIR, dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for v in bpe_vars() {
-        cmd.env_remove(v);
-    }
     for (k, v) in env {
         cmd.env(k, v);
     }

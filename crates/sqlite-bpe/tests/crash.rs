@@ -35,7 +35,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{mpsc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -329,10 +329,8 @@ fn spawn_child(
     sharing: Sharing,
 ) -> Child {
     let shared = if sharing == Sharing::Shared { "1" } else { "0" };
-    let mut process = Command::new(std::env::current_exe().unwrap())
-        .args(CHILD_ARGS)
+    let mut process = child_command(CHILD, mode)
         .env("BPE_EXTENSION_SHARED", shared)
-        .env(CHILD, mode)
         .env(DB, db)
         .env(JOURNAL, journal)
         .env(SEED, seed.to_string())

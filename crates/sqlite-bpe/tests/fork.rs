@@ -789,18 +789,13 @@ fn run_forker(mode: &str, journal: &str, by_env: bool) -> Run {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
     let dir = tempdir();
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(CHILD_ARGS)
-        .env(CHILD, mode)
-        .env(DIR, dir.path())
+    let mut cmd = child_command(CHILD, mode);
+    cmd.env(DIR, dir.path())
         .env(JOURNAL, journal)
         .env(BY_ENV, if by_env { "1" } else { "0" })
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for v in bpe_vars() {
-        cmd.env_remove(v);
-    }
     if by_env {
         cmd.env("BPE_MAX_SERVER_MEMORY_MB", "2")
             .env(

@@ -17,7 +17,7 @@ use common::*;
 use rand::{Rng, SeedableRng};
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 const MAX_MEMORY_MB: u64 = 32;
@@ -110,13 +110,11 @@ fn measure(db: &Path, vfs: &str, threads: usize) -> (u64, u64) {
 
 /// `measure`, with SQLite's default page cache in every connection if `default_cache`.
 fn measure_with(db: &Path, vfs: &str, threads: usize, default_cache: bool) -> (u64, u64) {
-    let mut child = Command::new(std::env::current_exe().unwrap());
+    let mut child = child_command(CHILD, &format!("{vfs}:{threads}"));
     if default_cache {
         child.env(SQLITE_DEFAULT_CACHE, "1");
     }
     let child = child
-        .args(CHILD_ARGS)
-        .env(CHILD, format!("{vfs}:{threads}"))
         .env(CHILD_DB, db)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

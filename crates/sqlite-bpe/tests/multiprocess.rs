@@ -46,7 +46,7 @@ use std::io::{Read, Write};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
@@ -697,18 +697,13 @@ fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
 
 fn spawn(slot: usize, dir: &Path, wal: bool, seed: u64) -> Incarnation {
     let role = &ROLES[slot];
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(CHILD_ARGS)
-        .env(CHILD, slot.to_string())
-        .env(CHILD_DIR, dir)
+    let mut cmd = child_command(CHILD, &slot.to_string());
+    cmd.env(CHILD_DIR, dir)
         .env(CHILD_SEED, seed.to_string())
         .env(CHILD_WAL, if wal { "1" } else { "0" })
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for v in bpe_vars() {
-        cmd.env_remove(v);
-    }
     if role.bpe {
         cmd.env("BPE_MAX_SERVER_MEMORY_MB", role.memory_mb.to_string());
         if role.extension {

@@ -124,25 +124,20 @@ fn counters(stdout: &str) -> [u64; 4] {
 use bpe_core::Sharing::{self, *};
 
 fn child(mode: &str, db: &Path, ext: &Path, expect: &str, sharing: Sharing) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(CHILD_ARGS);
-    for var in bpe_vars() {
-        cmd.env_remove(var);
-    }
-    cmd.env(CHILD, mode)
-        .env(
-            "BPE_EXTENSION_SHARED",
-            if sharing == Shared { "1" } else { "0" },
-        )
-        .env(DB, db)
-        .env(EXPECT, expect)
-        .env("BPE_MAX_SERVER_MEMORY_MB", "1")
-        .env("BPE_EXTENSION_FILE", ext)
-        .env("BPE_EXTENSION_SIZE", EXT_SIZE)
-        .env("BPE_EXTENSION_CHECKPOINT_MS", "30")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut cmd = child_command(CHILD, mode);
+    cmd.env(
+        "BPE_EXTENSION_SHARED",
+        if sharing == Shared { "1" } else { "0" },
+    )
+    .env(DB, db)
+    .env(EXPECT, expect)
+    .env("BPE_MAX_SERVER_MEMORY_MB", "1")
+    .env("BPE_EXTENSION_FILE", ext)
+    .env("BPE_EXTENSION_SIZE", EXT_SIZE)
+    .env("BPE_EXTENSION_CHECKPOINT_MS", "30")
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     cmd
 }
 

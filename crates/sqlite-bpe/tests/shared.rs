@@ -19,7 +19,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use rusqlite::Connection;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const CHILD: &str = "BPE_SHARED_TEST_CHILD";
@@ -99,13 +99,8 @@ fn child_entry() {
 }
 
 fn spawn(db: &Path, ext: &Path, out: &Path, seed: u64) -> std::process::Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    for v in bpe_vars() {
-        cmd.env_remove(v);
-    }
-    cmd.args(CHILD_ARGS)
-        .env(CHILD, "1")
-        .env(DB, db)
+    let mut cmd = child_command(CHILD, "1");
+    cmd.env(DB, db)
         .env(SEED, seed.to_string())
         .env("BPE_MAX_SERVER_MEMORY_MB", "1")
         .env("BPE_EXTENSION_FILE", ext)

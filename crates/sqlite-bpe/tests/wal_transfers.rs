@@ -50,7 +50,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -814,18 +814,13 @@ impl Drop for Children {
 fn spawn(slot: usize, n: usize, dir: &Path, wal: bool, seed: u64) -> Incarnation {
     let out = dir.join(format!("slot-{slot}-{n}.out"));
     let err = dir.join(format!("slot-{slot}-{n}.err"));
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(CHILD_ARGS)
-        .env(CHILD, slot.to_string())
-        .env(CHILD_DIR, dir)
+    let mut cmd = child_command(CHILD, &slot.to_string());
+    cmd.env(CHILD_DIR, dir)
         .env(CHILD_SEED, seed.to_string())
         .env(CHILD_WAL, if wal { "1" } else { "0" })
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out).unwrap())
         .stderr(std::fs::File::create(&err).unwrap());
-    for v in bpe_vars() {
-        cmd.env_remove(v);
-    }
     let kind = role(slot).kind;
     if kind != Kind::Plain {
         cmd.env("BPE_MAX_SERVER_MEMORY_MB", "2");
