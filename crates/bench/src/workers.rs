@@ -178,7 +178,7 @@ fn run_arm(
             dev: m.dev(),
             ino: m.ino(),
         };
-        if let Ok(p) = bpe_core::shared::memory_path(id) {
+        if let Ok(p) = bpe_core::shared_memory_path(id) {
             let _ = std::fs::remove_file(p);
         }
         let _ = std::fs::remove_file(&shared_path);

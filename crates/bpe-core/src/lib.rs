@@ -25,8 +25,12 @@ mod extension;
 mod files;
 mod io;
 pub mod page;
-/// Public for the replacement-policy study (tools/policy-study), which drives L1 on traces.
+/// Public with the `testing` feature, for the replacement-policy study (tools/policy-study),
+/// which drives L1 on traces.
+#[cfg(feature = "testing")]
 pub mod pool;
+#[cfg(not(feature = "testing"))]
+mod pool;
 pub mod published;
 mod readahead;
 /// The ranked locks, for clients that keep per-file state under the engine's lock order.
@@ -39,9 +43,13 @@ pub use engine::{
     ExtensionState, ExtensionStatus, PageRead, PinnedPage, SettingChange, Settings, Via,
 };
 pub use error::{Error, ExtensionRefusal, Result};
-/// The shared extension's protocol (one index for the processes of a machine), public for its
-/// multi-process crash tests.
+/// The shared extension's protocol (one index for the processes of a machine), public with the
+/// `testing` feature for its multi-process crash tests.
+#[cfg(feature = "testing")]
 pub use extension::shared;
+/// Where the shared memory of the extension file `identity` lives (/dev/shm), for tools that
+/// measure or clean it.
+pub use extension::shared::memory_path as shared_memory_path;
 pub use extension::{initial_index_bytes, MIN_EXTENSION_BYTES};
 pub use files::{FileHandle, FileInfo, KnownStamp, OpenKind, OpenRequest};
 pub use io::aligned::{Scratch, READAHEAD_BUFFERS_KEPT_BYTES};

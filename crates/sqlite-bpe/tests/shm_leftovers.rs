@@ -63,7 +63,10 @@ fn start_child(db: &Path) -> std::process::Child {
         .unwrap();
     let out = BufReader::new(child.stdout.take().unwrap());
     // (The test harness's "test child_entry ... " may start the line.)
-    let ready = out.lines().map_while(Result::ok).any(|l| l.ends_with("ready"));
+    let ready = out
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.ends_with("ready"));
     assert!(ready, "child {} never got ready", child.id());
     child
 }

@@ -11,7 +11,9 @@ mod slab;
 
 pub use frame::{Frame, NewFrame};
 pub use pending::Pending;
-pub use slab::{Slab, Slot, CHUNK_BYTES};
+#[cfg(any(test, feature = "testing"))]
+pub use slab::CHUNK_BYTES;
+pub use slab::{Slab, Slot};
 
 use crate::config::{physical_memory, L1_SLAB_SLACK, SLOT_EVICTIONS};
 use crate::page::{FileKey, PageKey, PageKeyHash};
@@ -377,6 +379,7 @@ impl BufferPool {
         out
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// The slab the frames' bytes live in.
     pub fn slab(&self) -> &Slab {
         &self.slab

@@ -262,11 +262,13 @@ impl Slab {
         self.0.state.lock().live_bytes
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// Bytes of chunks in use (what L1's pages keep resident, whole chunks counted).
     pub fn live_chunk_bytes(&self) -> u64 {
         self.0.state.lock().live_chunks as u64 * CHUNK_BYTES as u64
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// Bytes of chunks that may be in use.
     pub fn limit_bytes(&self) -> u64 {
         self.0.state.lock().limit as u64 * CHUNK_BYTES as u64

@@ -230,6 +230,7 @@ impl<'a> Tables<'a> {
         }
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// The index is sound: every bucket leads to a live entry its probe finds, and the counts
     /// add up (tests and the crash tests' survivors).
     pub fn check(&self) -> Result<(), String> {

@@ -46,8 +46,10 @@ mod layout;
 pub use attached::{Attached, SharedRead};
 pub use layout::{Geometry, MAX_PARTICIPANTS};
 
+#[cfg(any(test, feature = "testing"))]
+pub use super::index::page_crc;
 use super::index::IndexStore;
-pub use super::index::{page_crc, Location};
+pub use super::index::Location;
 use crate::error::{Error, Result};
 use crate::files::KnownStamp;
 use crate::io::ofd;
@@ -582,6 +584,7 @@ impl SharedIndex {
         strict_assert!(before > 0, "a pending invalidation taken back twice");
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// This process's participant slot.
     pub fn slot(&self) -> usize {
         self.me
@@ -707,6 +710,7 @@ impl SharedIndex {
         })
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// The data file a shared name is for, if its slot still holds it.
     pub fn identity_of(&self, file: SharedFile) -> Option<FileIdentity> {
         let g = self.lock_briefly()?;
@@ -737,6 +741,7 @@ impl SharedIndex {
             .collect()
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn pid(&self) -> u32 {
         self.pid
     }
@@ -1030,6 +1035,7 @@ impl SharedIndex {
         self.lock_wait.snapshot("Extension shared lock wait")
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// Checks the index is sound (tests, and survivors in the crash tests).
     pub fn check(&self) -> std::result::Result<(), String> {
         match self.lock() {
