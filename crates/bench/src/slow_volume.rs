@@ -24,8 +24,14 @@ const BLKIO_ROOT: &str = "/sys/fs/cgroup/blkio";
 /// Size of the sparse image: only what is written takes disk space.
 pub const IMAGE_GIB: u64 = 16;
 
-/// `slowvol:hdd` (150 read IOPS and 200 MiB/s, a 7200 rpm disk), `slowvol:gp3` (3000 and 125
-/// MiB/s, an EBS gp3 volume's baseline), `slowvol:<IOPS>` or `slowvol:<IOPS>:<MiB/s>`.
+/// `slowvol:hdd` (150 IOPS and 200 MiB/s, a 7200 rpm disk), `slowvol:gp3` (3000 and 125 MiB/s,
+/// an EBS gp3 volume's baseline): reads and writes each held to those figures, as the device
+/// named holds them; `slowvol:<IOPS>` or `slowvol:<IOPS>:<MiB/s>`: reads only.
+///
+/// Writes are held where the writing process submits them itself (O_DIRECT, and the flush of
+/// an `fsync`, which is where SQLite's commits and checkpoints wait); cgroup v1 does not charge
+/// the kernel's background writeback to the group, so dirty pages it flushes on its own go
+/// unthrottled.
 ///
 /// The bandwidth cap matters for large requests: the loop device takes requests of up to 1.25
 /// MiB and the kernel's readahead makes them, so with an IOPS cap alone a buffered sequential
@@ -37,6 +43,9 @@ pub struct VolumePreset {
     pub read_iops: u32,
     /// Read bandwidth cap, MiB/s (None: no cap).
     pub read_mib_s: Option<u32>,
+    /// Write caps, IOPS and MiB/s (None: writes are not held).
+    pub write_iops: Option<u32>,
+    pub write_mib_s: Option<u32>,
 }
 
 impl VolumePreset {
@@ -60,22 +69,29 @@ impl VolumePreset {
                 "unknown slow volume {s:?}: use slowvol:hdd (150 read IOPS, 200 MiB/s), slowvol:gp3 (3000, 125 MiB/s), slowvol:<IOPS> or slowvol:<IOPS>:<MiB/s> (whole numbers above 0)"
             );
         };
+        // The named devices hold writes as they hold reads.
+        let named = spec == "hdd" || spec == "gp3";
         Ok(Some(VolumePreset {
             name: s.into(),
             read_iops,
             read_mib_s,
+            write_iops: named.then_some(read_iops),
+            write_mib_s: read_mib_s.filter(|_| named),
         }))
     }
 
     /// What the results call the device.
     pub fn description(&self) -> String {
-        let bandwidth = match self.read_mib_s {
-            Some(b) => format!(", {b} MiB/s"),
+        let bandwidth =
+            |mib_s: Option<u32>| mib_s.map_or(String::new(), |b| format!(", {b} MiB/s"));
+        let writes = match self.write_iops {
+            Some(w) => format!("; writes {w} IOPS{}", bandwidth(self.write_mib_s)),
             None => String::new(),
         };
         format!(
-            "kernel-throttled loop volume, {} read IOPS{bandwidth} (cgroup v1 blkio)",
-            self.read_iops
+            "kernel-throttled loop volume, {} read IOPS{}{writes} (cgroup v1 blkio)",
+            self.read_iops,
+            bandwidth(self.read_mib_s)
         )
     }
 
@@ -94,6 +110,11 @@ pub struct VolumeInfo {
     pub read_iops: u32,
     /// Read bandwidth cap, MiB/s (None: no cap).
     pub read_mib_s: Option<u32>,
+    /// Write caps (None: writes not held; results from before writes were held have none).
+    #[serde(default)]
+    pub write_iops: Option<u32>,
+    #[serde(default)]
+    pub write_mib_s: Option<u32>,
     pub image: PathBuf,
     pub image_gib: u64,
     pub loop_device: String,
@@ -156,6 +177,8 @@ impl SlowVolume {
                 description: preset.description(),
                 read_iops: preset.read_iops,
                 read_mib_s: preset.read_mib_s,
+                write_iops: preset.write_iops,
+                write_mib_s: preset.write_mib_s,
                 image,
                 image_gib: IMAGE_GIB,
                 loop_device,
@@ -176,8 +199,8 @@ impl SlowVolume {
         Ok(volume)
     }
 
-    /// Makes the blkio group (if missing) and caps its reads from the loop device (a kept
-    /// volume's earlier caps are replaced: 0 removes one).
+    /// Makes the blkio group (if missing) and caps its reads from and writes to the loop device
+    /// (a kept volume's earlier caps are replaced: 0 removes one).
     fn set_throttle(&self) -> anyhow::Result<()> {
         let cg = &self.info.blkio_cgroup;
         std::fs::create_dir_all(cg)
@@ -185,13 +208,24 @@ impl SlowVolume {
         let dev_name = self.info.loop_device.trim_start_matches("/dev/");
         let majmin = std::fs::read_to_string(format!("/sys/block/{dev_name}/dev"))
             .with_context(|| format!("reading the device number of {dev_name}"))?;
-        let bytes_per_s = self.info.read_mib_s.map_or(0, |b| u64::from(b) << 20);
+        let bytes_per_s = |mib_s: Option<u32>| mib_s.map_or(0, |b| u64::from(b) << 20);
         for (file, limit) in [
             (
                 "blkio.throttle.read_iops_device",
                 u64::from(self.info.read_iops),
             ),
-            ("blkio.throttle.read_bps_device", bytes_per_s),
+            (
+                "blkio.throttle.read_bps_device",
+                bytes_per_s(self.info.read_mib_s),
+            ),
+            (
+                "blkio.throttle.write_iops_device",
+                self.info.write_iops.map_or(0, u64::from),
+            ),
+            (
+                "blkio.throttle.write_bps_device",
+                bytes_per_s(self.info.write_mib_s),
+            ),
         ] {
             let rule = format!("{} {limit}", majmin.trim());
             std::fs::write(cg.join(file), &rule)
@@ -345,19 +379,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn presets_name_their_read_iops() {
+    fn presets_name_their_read_and_write_limits() {
         let p = |s| {
             let p = VolumePreset::parse(s).unwrap().unwrap();
-            (p.read_iops, p.read_mib_s)
+            (p.read_iops, p.read_mib_s, p.write_iops, p.write_mib_s)
         };
-        assert_eq!(p("slowvol:hdd"), (150, Some(200)));
-        assert_eq!(p("slowvol:gp3"), (3000, Some(125)));
-        assert_eq!(p("slowvol:420"), (420, None));
-        assert_eq!(p("slowvol:420:60"), (420, Some(60)));
+        assert_eq!(p("slowvol:hdd"), (150, Some(200), Some(150), Some(200)));
+        assert_eq!(p("slowvol:gp3"), (3000, Some(125), Some(3000), Some(125)));
+        assert_eq!(p("slowvol:420"), (420, None, None, None));
+        assert_eq!(p("slowvol:420:60"), (420, Some(60), None, None));
         let describe = |s| VolumePreset::parse(s).unwrap().unwrap().description();
         assert_eq!(
-            describe("slowvol:hdd"),
-            "kernel-throttled loop volume, 150 read IOPS, 200 MiB/s (cgroup v1 blkio)"
+            describe("slowvol:gp3"),
+            "kernel-throttled loop volume, 3000 read IOPS, 125 MiB/s; writes 3000 IOPS, 125 MiB/s (cgroup v1 blkio)"
+        );
+        assert_eq!(
+            describe("slowvol:420:60"),
+            "kernel-throttled loop volume, 420 read IOPS, 60 MiB/s (cgroup v1 blkio)"
         );
         assert_eq!(
             describe("slowvol:80"),
@@ -404,7 +442,8 @@ mod tests {
             eprintln!("skipped: {why}");
             return;
         }
-        let preset = VolumePreset::parse("slowvol:77:5").unwrap().unwrap();
+        let mut preset = VolumePreset::parse("slowvol:77:5").unwrap().unwrap();
+        preset.write_iops = Some(33);
         let v = SlowVolume::up(&preset, false).unwrap();
         let info = v.info.clone();
         assert!(is_mount_point(&info.mount));
@@ -416,6 +455,10 @@ mod tests {
         let bps = std::fs::read_to_string(info.blkio_cgroup.join("blkio.throttle.read_bps_device"))
             .unwrap();
         assert!(bps.trim().ends_with(&format!(" {}", 5 << 20)), "{bps}");
+        let writes =
+            std::fs::read_to_string(info.blkio_cgroup.join("blkio.throttle.write_iops_device"))
+                .unwrap();
+        assert!(writes.trim().ends_with(" 33"), "{writes}");
         drop(v);
         assert!(!is_mount_point(&info.mount));
         assert!(!info.image.exists());
