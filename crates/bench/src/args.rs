@@ -57,8 +57,9 @@ pub struct CommonArgs {
     /// 500 MB/s), `emulated:2ms`, `emulated:500us`, `emulated:8ms:150:150` (latency, optional
     /// IOPS cap, optional MB/s); `real` (no emulation: whatever device --data-dir is on); or a
     /// kernel-throttled slow volume the benchmark makes, uses and removes (needs root, loop
-    /// devices and cgroup v1 blkio): `slowvol:hdd` (150 read IOPS, 200 MiB/s), `slowvol:gp3`
-    /// (3000, 125 MiB/s), `slowvol:<IOPS>`, `slowvol:<IOPS>:<MiB/s>`. Default: emulated:hdd
+    /// devices and cgroup v1 blkio): `slowvol:hdd` (150 IOPS, 200 MiB/s, reads and writes
+    /// each), `slowvol:gp3` (3000, 125 MiB/s, reads and writes each), `slowvol:<IOPS>`,
+    /// `slowvol:<IOPS>:<MiB/s>` (reads only). Default: emulated:hdd
     /// (autocommit: emulated:2ms), or real when --data-dir is given.
     #[arg(long, value_name = "DEVICE")]
     pub data_device: Option<String>,

@@ -66,7 +66,7 @@ impl VolumePreset {
         };
         let Some(read_iops) = read_iops else {
             bail!(
-                "unknown slow volume {s:?}: use slowvol:hdd (150 read IOPS, 200 MiB/s), slowvol:gp3 (3000, 125 MiB/s), slowvol:<IOPS> or slowvol:<IOPS>:<MiB/s> (whole numbers above 0)"
+                "unknown slow volume {s:?}: use slowvol:hdd (150 IOPS, 200 MiB/s, reads and writes each), slowvol:gp3 (3000, 125 MiB/s, reads and writes each), slowvol:<IOPS> or slowvol:<IOPS>:<MiB/s> (reads only; whole numbers above 0)"
             );
         };
         // The named devices hold writes as they hold reads.
