@@ -461,6 +461,28 @@ pub(super) fn stop_holding_the_lock(index: &SharedIndex) -> libc::pid_t {
     pid
 }
 
+/// Runs `f` on a thread while the child `pid` holds the lock stopped; `f` must be done within
+/// 10 s, else the child is killed (its lock recovered, so that the thread ends) and the test
+/// fails naming `what` as having waited for it.
+pub(super) fn beside_stopped_holder<T: Send>(
+    pid: libc::pid_t,
+    what: &str,
+    f: impl FnOnce() -> T + Send,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        scope.spawn(move || tx.send(f()).unwrap());
+        match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+            Ok(done) => done,
+            Err(_) => {
+                // SAFETY: kills the stopped child: its lock is recovered, and the thread ends.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                panic!("{what} waited for the stopped holder");
+            }
+        }
+    })
+}
+
 /// Continues a child `stop_holding_the_lock` stopped: it unlocks and exits.
 pub(super) fn resume(pid: libc::pid_t) {
     // SAFETY: continues the child, then waits for it to exit.
@@ -749,27 +771,15 @@ fn a_stopped_lock_holder_costs_a_bounded_wait_and_never_a_stale_page() {
 
     let pid = stop_holding_the_lock(&c);
 
-    // Without the bound each call waits for the holder forever: they run on a thread, and the
-    // holder is killed if they are not done within 10 s.
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (lookup, hidden, binding, timeouts) = std::thread::scope(|scope| {
-        scope.spawn(|| {
+    // Without the bound each call waits for the holder forever.
+    let (lookup, hidden, binding, timeouts) =
+        beside_stopped_holder(pid, "a lookup or an invalidation", || {
             let lookup = b.lookup(f, 1);
             b.invalidate(f, 1, id); // b writes page 1 while c holds the lock
             let hidden = a.lookup(f, 1);
             let binding = b.bind(stamp(9, 100, false));
-            tx.send((lookup, hidden, binding, b.stats().lock_timeouts))
-                .unwrap();
+            (lookup, hidden, binding, b.stats().lock_timeouts)
         });
-        match rx.recv_timeout(std::time::Duration::from_secs(10)) {
-            Ok(found) => found,
-            Err(_) => {
-                // SAFETY: kills the stopped child: its lock is recovered, and the thread ends.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                panic!("a lookup or an invalidation waited for the stopped holder");
-            }
-        }
-    });
     assert_eq!(
         lookup,
         Found::Miss,
@@ -813,18 +823,7 @@ fn emptying_beside_a_stopped_lock_holder_returns_and_empties_when_it_lets_go() {
     assert_eq!(admit(&a, claim, f, 1, a.epoch(id, 1)), 1);
 
     let pid = stop_holding_the_lock(&c);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let emptied = std::thread::scope(|scope| {
-        scope.spawn(|| tx.send(a.empty()).unwrap());
-        match rx.recv_timeout(std::time::Duration::from_secs(10)) {
-            Ok(emptied) => emptied,
-            Err(_) => {
-                // SAFETY: kills the stopped child: its lock is recovered, and the thread ends.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                panic!("emptying waited for the stopped holder");
-            }
-        }
-    });
+    let emptied = beside_stopped_holder(pid, "emptying", || a.empty());
     assert!(!emptied, "said emptied while another process held the lock");
     resume(pid);
     // Every name is voided and the file bound afresh finds nothing.
