@@ -22,6 +22,7 @@
 //! ```
 
 use crate::counters::{CounterKind, CounterRow, HistogramSnapshot};
+use crate::io::own_file::Access;
 use crate::io::shm_dir::{base, own_directory, own_directory_in, uid};
 use std::fs;
 use std::io::{Read, Write};
@@ -214,11 +215,7 @@ fn read_in(base: &Path, pid: i32) -> Option<Sample> {
 /// this user's (not a symbolic link, nor another user's file: only root could put one there).
 fn read_from(dir: &Path, pid: i32) -> Option<Sample> {
     let path = file_of(dir, pid);
-    let mut file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(&path)
-        .ok()?;
+    let mut file = crate::io::own_file::open(&path, Access::Inspect).ok()?;
     let meta = file.metadata().ok()?;
     if !meta.is_file() || meta.uid() != uid() {
         return None;

@@ -168,24 +168,19 @@ impl ExtensionIndex {
     }
 
     /// Records that `key` now sits at byte `offset` of `region` (the region's entries are
-    /// appended in write order). An older copy of `key` elsewhere is dropped: one copy per page.
-    pub fn insert(&mut self, key: PageKey, region: usize, offset: usize, len: usize, crc: u32) {
-        self.grow_for_one();
-        let placed = self.insert_entry(key, region, offset, len, crc, false);
-        assert!(placed, "region {region} is full");
-    }
-
-    /// Like `insert`, for a copy taken over from a checkpoint (see [`Location::restored`]).
-    pub fn insert_restored(
+    /// appended in write order), `restored` if taken over from a checkpoint (see
+    /// [`Location::restored`]). An older copy of `key` elsewhere is dropped: one copy per page.
+    pub fn insert(
         &mut self,
         key: PageKey,
         region: usize,
         offset: usize,
         len: usize,
         crc: u32,
+        restored: bool,
     ) {
         self.grow_for_one();
-        let placed = self.insert_entry(key, region, offset, len, crc, true);
+        let placed = self.insert_entry(key, region, offset, len, crc, restored);
         assert!(placed, "region {region} is full");
     }
 
@@ -534,7 +529,7 @@ mod tests {
         let before = idx.bytes();
         let mut off = 0;
         for p in 0..1024u64 {
-            idx.insert(PageKey::new(3, p), 0, off, 512, p as u32);
+            idx.insert(PageKey::new(3, p), 0, off, 512, p as u32, false);
             off += 512;
         }
         assert_eq!(idx.len(), 1024);
@@ -548,8 +543,8 @@ mod tests {
                 restored: false,
             })
         );
-        idx.insert(PageKey::new(4, 0), 1, 0, 65536, 9);
-        idx.insert(PageKey::new(5, 0), 1, 65536, 4096, 10);
+        idx.insert(PageKey::new(4, 0), 1, 0, 65536, 9, false);
+        idx.insert(PageKey::new(5, 0), 1, 65536, 4096, 10, false);
         assert_eq!(
             idx.lookup(PageKey::new(5, 0)).unwrap().offset,
             REGION + 65536
@@ -576,7 +571,7 @@ mod tests {
                             fill[region] = 0;
                         }
                         let crc = (page as u32) ^ file;
-                        idx.insert(key, region, fill[region], 4096, crc);
+                        idx.insert(key, region, fill[region], 4096, crc, false);
                         model.insert(key, (region, crc));
                         fill[region] += 4096;
                     }

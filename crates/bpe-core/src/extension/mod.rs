@@ -9,7 +9,10 @@
 mod checkpoint;
 mod index;
 mod persist;
+mod private;
+mod restored;
 pub mod shared;
+mod store;
 mod writer;
 
 pub use checkpoint::{regions_for, PageCheck};
@@ -27,13 +30,14 @@ use crate::io::{FaultInjector, FaultyExtensionFile};
 use crate::page::{FileKey, PageKey};
 use crate::pool::Frame;
 use crate::sync::channel::{Sender, TrySendError};
-use crate::sync::{Latch, Mutex, Rank, RwLock};
-use shared::{Attached, Geometry, SharedIndex, SharedRead};
-use std::collections::HashMap;
+use crate::sync::{Latch, Mutex, Rank};
+use private::PrivateStore;
+use shared::{Geometry, SharedIndex, SharedRead, SharedStore};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
+use store::L2Store;
 
 /// Bytes of one region of the ring: one write batch.
 pub const REGION_BYTES: u64 = EXTENSION_BATCH_BYTES as u64;
@@ -129,21 +133,13 @@ struct Staged {
     shared: Option<SharedRead>,
 }
 
-struct Tables {
-    index: ExtensionIndex,
-    /// Pages handed to the writer and not yet indexed, with their staging sequence number.
-    /// A write to the page removes it here, and the writer then drops its copy.
-    staged: HashMap<PageKey, u64>,
-    /// The last checkpoint's pages not adopted yet.
-    restored: persist::Restored,
-}
-
 pub struct Extension {
     file: FaultyExtensionFile,
     /// Bytes of the file (the effective size).
     size: u64,
     regions: usize,
-    tables: RwLock<Tables>,
+    /// Where pages are indexed: this process's own index, or one shared with other processes.
+    store: Box<dyn L2Store>,
     staging: Sender<ToWriter>,
     /// Set once when the background writer has stopped.
     writer_done: Arc<Latch>,
@@ -165,8 +161,6 @@ pub struct Extension {
     epoch: Instant,
     /// The generation the next checkpoint gets (held while one is written).
     checkpoint_generation: Mutex<u64>,
-    /// Set when the index changed since the last checkpoint.
-    index_changed: AtomicBool,
     /// The vouched files' fingerprint at the last checkpoint.
     checkpointed_files: AtomicU64,
     /// The ring position (`next_region`) of the checkpoint in force in the file, `NO_CHECKPOINT`
@@ -182,12 +176,6 @@ pub struct Extension {
     restore_done: AtomicBool,
     /// Microseconds the restore took: the checkpoint read and listed, the open files adopted.
     restore_micros: AtomicU64,
-    /// Files whose restored pages wait for adoption (`Tables::restored`), readable without a
-    /// lock: the miss path looks at it (see `Extension::await_restore`).
-    waiting_files: AtomicUsize,
-    /// Set when the extension is shared with other processes: the index is theirs and ours,
-    /// in shared memory, and `tables.index` stays empty.
-    shared: Option<Attached>,
 }
 
 /// Index bytes an extension of `size` bytes starts with (sized for 4 KiB pages).
@@ -211,30 +199,21 @@ impl Extension {
     ) -> Result<Arc<Extension>> {
         let size = effective_size(size);
         let regions = regions_for(size);
-        let (file, reused, shared) = if shared {
+        let (file, reused, store): (_, _, Box<dyn L2Store>) = if shared {
             let file = ExtensionFile::open_shared(path, size)?;
             let index = SharedIndex::attach(path, Geometry::new(regions, REGION_BYTES))?;
-            (file, false, Some(Attached::new(index)))
+            (file, false, Box::new(SharedStore::new(index)))
         } else {
             let (file, reused) = ExtensionFile::open(path, size)?;
-            (file, reused, None)
+            (file, reused, Box::new(PrivateStore::new(regions)))
         };
-        // A shared extension's index is in shared memory: the local one is never used.
-        let local_regions = if shared.is_some() { 0 } else { regions };
         let file = FaultyExtensionFile::new(file, faults);
         let (tx, rx) = crate::sync::channel::bounded(EXTENSION_STAGING_PAGES);
         let ext = Arc::new(Extension {
             file,
             size,
             regions,
-            tables: RwLock::new(
-                Rank::ExtensionTables,
-                Tables {
-                    index: ExtensionIndex::new(local_regions, REGION_BYTES),
-                    staged: HashMap::new(),
-                    restored: Default::default(),
-                },
-            ),
+            store,
             staging: tx,
             writer_done: Arc::new(Latch::default()),
             stopping: AtomicBool::new(false),
@@ -250,7 +229,6 @@ impl Extension {
             host,
             epoch,
             checkpoint_generation: Mutex::new(Rank::Checkpoint, 0),
-            index_changed: AtomicBool::new(false),
             checkpointed_files: AtomicU64::new(0),
             checkpoint_next: AtomicUsize::new(persist::NO_CHECKPOINT),
             writer_region: AtomicUsize::new(0),
@@ -258,13 +236,11 @@ impl Extension {
             chores_pending: AtomicUsize::new(0),
             restore_done: AtomicBool::new(!reused),
             restore_micros: AtomicU64::new(0),
-            waiting_files: AtomicUsize::new(0),
-            shared,
         });
-        if ext.is_shared() {
-            // Shared writers rewrite the ring and keep no checkpoint: one a private extension
-            // left here would, at the next private take-over, name pages its regions no longer
-            // hold (issue 27, item 5).
+        if !ext.store.keeps_checkpoints() {
+            // A store that keeps no checkpoint (a shared one: its writers rewrite the ring)
+            // voids any left here: one a private extension left would, at the next private
+            // take-over, name pages its regions no longer hold (issue 27, item 5).
             ext.void_checkpoints();
         }
         writer::spawn(ext.clone(), rx, ext.writer_done.clone(), reused);
@@ -319,47 +295,29 @@ impl Extension {
         self.file.file().identity()
     }
     pub fn cached_pages(&self) -> usize {
-        match &self.shared {
-            Some(s) => s.index.stats().pages as usize,
-            None => self.tables.read().index.len(),
-        }
+        self.store.stats().0
     }
     /// Bytes of the ring the cached pages take.
     pub fn cached_bytes(&self) -> u64 {
-        match &self.shared {
-            Some(s) => s.index.stats().bytes,
-            None => self.tables.read().index.live_bytes(),
-        }
+        self.store.stats().1
     }
 
     /// The shared index, if this extension is shared with other processes.
     pub fn shared(&self) -> Option<&SharedIndex> {
-        self.shared.as_ref().map(|s| &s.index)
+        self.store.shared_index()
     }
     pub fn is_shared(&self) -> bool {
-        self.shared.is_some()
+        self.sharing().is_shared()
     }
 
     pub fn sharing(&self) -> crate::config::Sharing {
-        if self.is_shared() {
-            crate::config::Sharing::Shared
-        } else {
-            crate::config::Sharing::Private
-        }
+        self.store.sharing()
     }
 
     /// For a shared extension, what a read of `key` is made under (see `SharedRead`): taken
     /// before the read. None for a private one.
     pub fn read_under(&self, file: &FileHandle, key: PageKey) -> Option<SharedRead> {
-        self.shared.as_ref()?.read_under(file, key)
-    }
-
-    /// Where `key` is cached, and whether another process loaded it.
-    fn locate(&self, key: PageKey) -> Option<(Location, bool)> {
-        match &self.shared {
-            Some(s) => s.locate(key).map(|hit| (hit.location, !hit.mine)),
-            None => self.tables.read().index.lookup(key).map(|l| (l, false)),
-        }
+        self.store.read_under(file, key)
     }
     /// Bytes of RAM the extension's index is charged against max server memory.
     pub fn index_bytes(&self) -> u64 {
@@ -393,13 +351,6 @@ impl Extension {
         if self.failed.load(Relaxed) || self.stopping.load(Relaxed) || !frame.is_current() {
             return;
         }
-        if let Some(s) = &self.shared {
-            // Without what its read was made under (in this attachment: names and epochs of
-            // an earlier one mean nothing here), a copy cannot be shown current to others.
-            if !frame.shared.is_some_and(|r| s.made_here(&r)) || s.locate(frame.key).is_some() {
-                return;
-            }
-        }
         if !ExtensionIndex::fits(frame.key) {
             return self.drop_admission(1, || {
                 format!(
@@ -408,16 +359,11 @@ impl Extension {
                 )
             });
         }
-        let held = |t: &Tables| t.index.contains(frame.key) || t.staged.contains_key(&frame.key);
-        // Most offers at eviction are of pages admitted at load: a shared lock answers them.
-        if held(&self.tables.read()) {
-            return;
-        }
-        let mut t = self.tables.write();
-        if held(&t) {
-            return;
-        }
         let seq = self.next_seq.fetch_add(1, Relaxed);
+        // Staged before it is sent: the writer indexes only what is still staged.
+        if !self.store.stage(frame, seq) {
+            return;
+        }
         let staged = Staged {
             key: frame.key,
             seq,
@@ -425,11 +371,9 @@ impl Extension {
             shared: frame.shared,
         };
         match self.staging.try_send(ToWriter::Page(staged)) {
-            Ok(()) => {
-                t.staged.insert(frame.key, seq);
-            }
+            Ok(()) => {}
             Err((TrySendError::Full, _)) => {
-                drop(t);
+                self.store.unstage(frame.key, seq);
                 self.drop_admission(1, || {
                     format!(
                         "the writer is behind ({EXTENSION_STAGING_PAGES} pages waiting): pages \
@@ -437,17 +381,13 @@ impl Extension {
                     )
                 });
             }
-            Err((TrySendError::Disconnected, _)) => {}
+            Err((TrySendError::Disconnected, _)) => self.store.unstage(frame.key, seq),
         }
     }
 
     /// Whether a copy of `key` is indexed here (not verified: a read may still miss).
     pub fn holds(&self, key: PageKey) -> bool {
-        !self.failed.load(Relaxed)
-            && match &self.shared {
-                Some(s) => s.locate(key).is_some(),
-                None => self.tables.read().index.contains(key),
-            }
+        !self.failed.load(Relaxed) && self.store.locate(key).is_some()
     }
 
     /// Reads a page into `buf` if a verified copy is here. Any fault is a miss (and is counted).
@@ -455,7 +395,11 @@ impl Extension {
         if self.failed.load(Relaxed) {
             return false;
         }
-        let Some((loc, others)) = self.locate(key) else {
+        let Some(store::Hit {
+            location: loc,
+            theirs,
+        }) = self.store.locate(key)
+        else {
             return false;
         };
         if loc.len != buf.len() {
@@ -486,7 +430,7 @@ impl Extension {
                 buf.copy_from_slice(page);
                 self.consecutive_faults.store(0, Relaxed);
                 Counters::bump(&self.counters.ext_page_reads);
-                if others {
+                if theirs {
                     Counters::bump(&self.counters.ext_shared_page_reads);
                 }
                 self.touch_region(loc.offset);
@@ -519,7 +463,7 @@ impl Extension {
     pub fn verified(&self, key: PageKey, loc: Location, bytes: &[u8]) -> bool {
         let ok = bytes.len() == loc.len
             && page_crc(key.page, bytes) == loc.crc
-            && self.locate(key).map(|(l, _)| l) == Some(loc);
+            && self.store.locate(key).map(|h| h.location) == Some(loc);
         if ok {
             Counters::bump(&self.counters.ext_page_reads);
         }
@@ -558,42 +502,9 @@ impl Extension {
         if self.failed.load(Relaxed) || keys.is_empty() {
             return None;
         }
-        // Which pages another process loaded (counted once verified).
-        let mut theirs_flags = Vec::new();
-        let run: Vec<Location> = match &self.shared {
-            // One lookup at a time: each holds the shared lock for its own.
-            Some(_) => {
-                let (first, _) = self.locate(after)?;
-                let mut next = first.offset + first.len as u64;
-                keys.iter()
-                    .map_while(|&k| {
-                        let (loc, theirs) = self
-                            .locate(k)
-                            .filter(|(l, _)| l.offset == next && l.len == page_len)?;
-                        next += page_len as u64;
-                        theirs_flags.push(theirs);
-                        Some(loc)
-                    })
-                    .collect()
-            }
-            None => {
-                let t = self.tables.read();
-                let first = t.index.lookup(after)?;
-                let mut next = first.offset + first.len as u64;
-                keys.iter()
-                    .map_while(|&k| {
-                        let loc = t
-                            .index
-                            .lookup(k)
-                            .filter(|l| l.offset == next && l.len == page_len)?;
-                        next += page_len as u64;
-                        Some(loc)
-                    })
-                    .collect()
-            }
-        };
+        let run = self.store.locate_run(after, keys, page_len);
         let first = run.first()?;
-        let (start, skip, len) = aligned_span(first.offset, page_len * run.len());
+        let (start, skip, len) = aligned_span(first.location.offset, page_len * run.len());
         let mut block = Scratch::new(len);
         let res = self.read_request(start, &mut block[..len]);
         if let Err(e) = res {
@@ -607,7 +518,8 @@ impl Extension {
             page_len,
             len: 0,
         };
-        for (i, loc) in run.iter().enumerate() {
+        for (i, hit) in run.iter().enumerate() {
+            let loc = &hit.location;
             if page_crc(keys[i].page, out.page(i)) != loc.crc {
                 if self.drop_entry(keys[i], *loc) && !loc.restored {
                     Counters::bump(&self.counters.ext_checksum_failures);
@@ -622,27 +534,18 @@ impl Extension {
             self.counters
                 .ext_page_reads
                 .fetch_add(out.len as u64, Relaxed);
-            let theirs = theirs_flags.iter().take(out.len).filter(|&&t| t).count();
+            let theirs = run.iter().take(out.len).filter(|h| h.theirs).count();
             self.counters
                 .ext_shared_page_reads
                 .fetch_add(theirs as u64, Relaxed);
-            self.touch_region(first.offset);
+            self.touch_region(first.location.offset);
         }
         Some(out)
     }
 
     /// Removes the entry if it still is `loc`. Returns whether it was.
     fn drop_entry(&self, key: PageKey, loc: Location) -> bool {
-        if let Some(s) = &self.shared {
-            return s.drop_if(key, loc);
-        }
-        let mut t = self.tables.write();
-        if t.index.lookup(key) == Some(loc) {
-            t.index.remove(key);
-            true
-        } else {
-            false
-        }
+        self.store.drop_if(key, loc)
     }
 
     fn fault(self: &Arc<Self>, reason: String) {
@@ -662,140 +565,58 @@ impl Extension {
         }
     }
 
-    /// Drops any copy of `key`, indexed or staged. Called before the data file is written.
-    pub fn invalidate(&self, key: PageKey) {
-        let mut t = self.tables.write();
-        t.staged.remove(&key);
-        if t.index.remove(key).is_some() {
-            self.index_changed.store(true, Relaxed);
-        }
-    }
-
-    /// Drops any copy of page `key` of `file`, before the data file is written: for every
-    /// process if the extension is shared.
+    /// Drops any copy of page `key` of `file`, indexed or staged, before the data file is
+    /// written: for every process if the extension is shared.
     pub fn invalidate_page(&self, file: &FileHandle, key: PageKey) {
-        match &self.shared {
-            Some(s) => {
-                self.tables.write().staged.remove(&key);
-                s.invalidate(file, key);
-            }
-            None => self.invalidate(key),
-        }
+        self.store.invalidate(file, key);
     }
 
-    /// The page's bytes are in the data file now. A shared extension invalidates it again (a
+    /// The page's bytes are in the data file now (a shared extension invalidates it again: a
     /// read that overlapped the write could have staged the old bytes under the new epoch).
-    /// Nothing is vouched here: a write's own stamp is within a clock tick of it and could not
-    /// vouch (it cost a stat and a lock per page for nothing); the stamps this process's change
-    /// detection verifies do, at each checkpoint interval and at close (`vouch_shared`). A
-    /// binder meanwhile sees the write's new stamp and starts the file afresh.
     pub fn written(&self, file: &FileHandle, key: PageKey) {
-        if let Some(s) = &self.shared {
-            s.invalidate(file, key);
-        }
+        self.store.written(file, key);
     }
 
-    /// A shared extension's stand-in for a checkpoint: the stamps this process's change
-    /// detection verified its files at (never racy when read) vouch for their entries to the
-    /// next process that binds them (issue 27, item 2: a write's own stamp is within a clock
-    /// tick of it, so it never could). A stamp older than the file's moves nothing: the next
-    /// binder sees the file's newer stamp and starts it afresh.
-    pub fn vouch_shared(&self, vouched: &Vouched) {
-        if let Some(s) = &self.shared {
-            for v in &vouched.files {
-                s.vouch_verified(v.key, v.stamp);
-            }
-        }
+    /// Records what the next process may take on trust (see `L2Store::persist`).
+    pub(super) fn persist(&self, if_changed: bool) {
+        let vouched = self.host.vouched_files();
+        self.store
+            .persist(self, vouched, &|keys| self.host.resident(keys), if_changed);
     }
 
     /// Drops every copy of pages of `file` from `first_page` on (all files if None). A shared
     /// extension forgets the whole file, for every process. False: a shared extension whose
     /// lock a stopped process holds is emptied at this process's next lock instead.
     pub fn invalidate_where(&self, file: Option<FileKey>, first_page: u64) -> bool {
-        let hit = |k: PageKey| file.is_none_or(|f| k.file == f) && k.page >= first_page;
-        if let Some(s) = &self.shared {
-            self.tables.write().staged.retain(|k, _| !hit(*k));
-            return match file {
-                Some(_) => {
-                    s.forget(file);
-                    true
-                }
-                None => s.forget_everything(),
-            };
-        }
-        let mut t = self.tables.write();
-        t.staged.retain(|k, _| !hit(*k));
-        t.index.remove_where(hit);
-        if file.is_none() {
-            t.restored.clear();
-            self.waiting_files.store(0, Relaxed);
-        }
-        self.index_changed.store(true, Relaxed);
-        true
+        self.store.forget(file, first_page)
     }
 
     /// Every cached page with the time its region was last referenced and, in a shared
-    /// extension, the pid of the other process that loaded it. A shared extension lists the
-    /// pages of the files this process has bound, with no time (it is not tracked across
-    /// processes).
+    /// extension, the pid of the other process that loaded it.
     pub fn entries(&self) -> Vec<(PageKey, u64, Option<u32>)> {
-        if let Some(s) = &self.shared {
-            let local = s.local_keys();
-            return s
-                .index
-                .entries()
-                .into_iter()
-                .filter_map(|(key, page, pid, mine)| {
-                    let by = (!mine).then_some(pid);
-                    Some((PageKey::new(*local.get(&key)?, page), 0, by))
-                })
-                .collect();
-        }
-        let t = self.tables.read();
-        t.index
-            .entries()
-            .map(|(region, key)| (key, self.region_last_ref[region].load(Relaxed), None))
-            .collect()
+        self.store
+            .entries(&|region| self.region_last_ref[region].load(Relaxed))
     }
 
     /// Stops admitting, waits for the writer's batch in flight, and deletes the file (the
     /// operator's OFF, a resize, a retirement after faults).
     pub fn shutdown(&self) {
         self.stop_writer();
-        match &self.shared {
-            // The file goes with the last process that shares it (which probes byte 0 for
-            // others: this process's own hold on it goes first).
-            Some(s) => {
-                self.file.file().unlock();
-                s.index.detach(false, || self.file.file().remove());
-            }
-            None => self.file.file().remove(),
-        }
+        self.store.shut_down(self.file.file());
     }
 
     /// Stops the writer, writes a last checkpoint of the `vouched` files' pages, those in RAM
     /// marked (see [`Extension::checkpoint_files`]), and keeps the file, for the next process to start warm
     /// from (the engine closes; the process exits).
-    pub fn close(&self, vouched: Vouched, resident: persist::Resident<'_>) {
+    pub fn close(&self, vouched: Vouched, resident: store::Resident<'_>) {
         self.drain_at_close.store(true, Relaxed);
         if !self.stop_writer() {
             return; // a writer still running could overwrite what the next process restores
         }
-        if let Some(s) = &self.shared {
-            // The shared memory stays with the file when this is the last process: the next
-            // one to share it starts warm (its bindings check every file's stamp against the
-            // one vouched for).
-            self.vouch_shared(&vouched);
-            s.index.detach(true, || {});
-            self.file.file().unlock();
-            return;
-        }
         if !self.failed.load(Relaxed) {
-            self.checkpoint_files(vouched, resident);
+            self.store.persist(self, vouched, resident, false);
         }
-        // Done with the file: the next owner may take it over at once, even while a reader in
-        // flight still holds this extension (its reads verify, and miss, like any other).
-        self.file.file().unlock();
+        self.store.close(self.file.file());
     }
 
     /// True once the writer has stopped (it is waited for up to 10 s).
@@ -816,7 +637,7 @@ impl Extension {
 
     /// Pages staged and not yet written (or dropped).
     pub fn pending_writes(&self) -> usize {
-        self.tables.read().staged.len()
+        self.store.staged()
     }
 
     /// Raises the index memory charged against max server memory to `needed` bytes (it never
@@ -838,8 +659,7 @@ impl Extension {
 
     /// RAM the index, its per-region times and the restored pages waiting for adoption take.
     fn index_footprint(&self) -> u64 {
-        let t = self.tables.read();
-        t.index.bytes() + self.regions as u64 * 8 + t.restored.bytes()
+        self.store.footprint() + self.regions as u64 * 8
     }
 
     /// The index never takes more memory than is charged for it (tests and soak runs).
@@ -859,7 +679,7 @@ impl Extension {
 
     /// The shared extension's participant lock descriptor (-1 if not shared), likewise.
     pub(crate) fn raw_lock_fd(&self) -> i32 {
-        self.shared.as_ref().map_or(-1, |s| s.index.raw_fd())
+        self.shared().map_or(-1, |s| s.raw_fd())
     }
 }
 

@@ -18,6 +18,9 @@
 //!   checkpoint without one proves nothing. Anything else drops the file's pages. Every page is still read back against its checksum.
 
 use super::checkpoint::{self, Checkpoint, PageCheck, SavedEntry, SavedFile, MAX_FILES};
+use super::private::PrivateStore;
+use super::restored::{Restored, RestoredFile};
+use super::store::{FirstPage, Resident};
 use super::{Extension, IndexStore, Location, REGION_BYTES};
 use crate::counters::Counters;
 use crate::io::{FileIdentity, FileStamp};
@@ -26,99 +29,24 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-/// A checkpoint's pages of one data file, waiting for the file to be opened.
-pub(super) struct RestoredFile {
-    stamp: FileStamp,
-    first_page: Option<PageCheck>,
-    entries: Vec<SavedEntry>,
-}
-
-/// What the last checkpoint said and this process has not adopted yet.
-#[derive(Default)]
-pub(super) struct Restored {
-    files: HashMap<FileIdentity, RestoredFile>,
-    /// Regions the writer entered since the restore: what the checkpoint says of them is void.
-    overwritten: Vec<bool>,
-    entries: usize,
-    /// The file being adopted (its entries taken from `files`, not all indexed yet): a miss of
-    /// it still waits (see `await_restore`).
-    adopting: Option<FileIdentity>,
-}
-
-/// Bytes of RAM one waiting entry takes (charged like the index).
-const RESTORED_ENTRY_BYTES: u64 = std::mem::size_of::<SavedEntry>() as u64;
-
 /// `Extension::checkpoint_next` when the file holds no checkpoint in force.
 pub(super) const NO_CHECKPOINT: usize = usize::MAX;
 
 /// Entries indexed per hold of the tables' lock during an adoption (~1 ms of work).
 const ADOPT_CHUNK: usize = 4096;
 
-impl Restored {
-    pub(super) fn bytes(&self) -> u64 {
-        self.entries as u64 * RESTORED_ENTRY_BYTES
-    }
-
-    /// Files whose pages wait for adoption, the one being adopted included.
-    pub(super) fn files_waiting(&self) -> usize {
-        self.files.len() + usize::from(self.adopting.is_some())
-    }
-
-    /// The writer is about to overwrite `region`.
-    pub(super) fn overwrite(&mut self, region: usize) {
-        if let Some(o) = self.overwritten.get_mut(region) {
-            *o = true;
-        }
-        if !self.overwritten.is_empty() && self.overwritten.iter().all(|&o| o) {
-            // The ring came round: nothing of the checkpoint is left.
-            self.files.clear();
-            self.entries = 0;
-        }
-    }
-
-    fn live(&self, e: &SavedEntry) -> bool {
-        !self.overwritten[e.region as usize]
-    }
-
-    pub(super) fn clear(&mut self) {
-        self.files.clear();
-        self.entries = 0;
-    }
-}
-
-/// Which of some pages are in RAM now (see `ExtensionHost::resident`).
-pub type Resident<'a> = &'a dyn Fn(&[PageKey]) -> Vec<bool>;
-
-/// What the first page of a file reads as now, for adoption: its checksum by length.
-pub trait FirstPage {
-    /// `page_crc(0, bytes)` of the file's first `len` bytes, or None if they cannot be read.
-    fn crc(&mut self, len: usize) -> Option<u32>;
-}
-
-impl<F: FnMut(usize) -> Option<u32>> FirstPage for F {
-    fn crc(&mut self, len: usize) -> Option<u32> {
-        self(len)
-    }
-}
-
 impl Extension {
-    /// Writes the index to the next checkpoint slot if it or the files the host vouches for
-    /// changed since the last one.
-    pub fn checkpoint_if_changed(&self) {
-        let vouched = self.host.vouched_files();
-        if self.index_changed.load(Relaxed)
-            || vouched.fingerprint() != self.checkpointed_files.load(Relaxed)
-        {
-            self.checkpoint_files(vouched, &|keys| self.host.resident(keys));
-        }
-    }
-
     /// Writes the index to the next checkpoint slot, for the `vouched` files (key, stamp), read
     /// stamp first, then key, before this call (see the module doc), marking the pages
     /// `resident` says are in RAM. Errors only cost warmth at the next start.
-    pub fn checkpoint_files(&self, vouched: super::Vouched, resident: Resident<'_>) {
+    pub(super) fn checkpoint_files(
+        &self,
+        store: &PrivateStore,
+        vouched: super::Vouched,
+        resident: Resident<'_>,
+    ) {
         let mut generation = self.checkpoint_generation.lock();
-        self.index_changed.store(false, Relaxed);
+        store.index_changed.store(false, Relaxed);
         let started = Instant::now();
         let mut files: Vec<SavedFile> = Vec::new();
         let mut by_key: HashMap<FileKey, u16> = HashMap::new();
@@ -127,7 +55,7 @@ impl Extension {
         let capacity = checkpoint::entry_capacity(self.regions);
         let current = self.writer_region.load(Relaxed);
         {
-            let t = self.tables.read();
+            let t = store.tables.read();
             for v in &vouched.files {
                 if files.len() == MAX_FILES {
                     break;
@@ -230,7 +158,7 @@ impl Extension {
 
     /// Reads the newest valid checkpoint, lists its pages for adoption, and returns the region
     /// the writer goes on from. Run by the writer before it writes anything.
-    pub(super) fn restore(&self) -> usize {
+    pub(super) fn restore_into(&self, store: &PrivateStore) -> usize {
         let started = Instant::now();
         // Headers first: only the newest slot's payload is read and decoded, the other one
         // only if the newest fails its checks (a torn last checkpoint).
@@ -295,8 +223,8 @@ impl Extension {
             return c.next_region;
         }
         let waiting = restored.files.len();
-        self.tables.write().restored = restored;
-        self.waiting_files.store(waiting, Relaxed);
+        store.tables.write().restored = restored;
+        store.waiting_files.store(waiting, Relaxed);
         log::info!(
             "buffer pool extension {}: checkpoint {} lists {} pages of {} files (read in {:?})",
             self.path().display(),
@@ -352,10 +280,7 @@ impl Extension {
     /// a read of the slow device, and the restore takes tens of milliseconds per GiB. Once
     /// nothing waits, this is two atomic loads.
     pub fn await_restore(&self, file: FileIdentity) -> bool {
-        let pending = || {
-            !self.restore_done.load(Relaxed)
-                || (self.waiting_files.load(Relaxed) > 0 && self.has_restored(file))
-        };
+        let pending = || !self.restore_done.load(Relaxed) || self.waits_for_adoption(file);
         if !pending() {
             return false;
         }
@@ -368,23 +293,22 @@ impl Extension {
 
     /// Whether pages of some file still wait for adoption.
     pub fn has_waiting_files(&self) -> bool {
-        self.waiting_files.load(Relaxed) > 0
+        self.store.has_waiting_files()
+    }
+
+    /// Whether pages of `file` wait for adoption (one atomic load once none do).
+    fn waits_for_adoption(&self, file: FileIdentity) -> bool {
+        self.has_waiting_files() && self.has_restored(file)
     }
 
     /// The stamp the last checkpoint recorded for a file whose pages wait (fault injection).
     pub(crate) fn recorded_stamp(&self, file: FileIdentity) -> Option<FileStamp> {
-        self.tables
-            .read()
-            .restored
-            .files
-            .get(&file)
-            .map(|r| r.stamp)
+        self.store.recorded_stamp(file)
     }
 
     /// Whether the last checkpoint lists pages of this file that are still waiting.
     pub fn has_restored(&self, file: FileIdentity) -> bool {
-        let t = self.tables.read();
-        t.restored.files.contains_key(&file) || t.restored.adopting == Some(file)
+        self.store.has_restored(file)
     }
 
     /// Indexes the checkpoint's pages of a file under `key` if the file is provably unchanged:
@@ -397,10 +321,22 @@ impl Extension {
         key: FileKey,
         identity: FileIdentity,
         now: Option<FileStamp>,
-        first_page: impl FirstPage,
+        mut first_page: impl FirstPage,
+    ) -> Vec<(PageKey, Location)> {
+        self.store.adopt(self, key, identity, now, &mut first_page)
+    }
+
+    /// `adopt` for a private store.
+    pub(super) fn adopt_into(
+        &self,
+        store: &PrivateStore,
+        key: FileKey,
+        identity: FileIdentity,
+        now: Option<FileStamp>,
+        first_page: &mut dyn FirstPage,
     ) -> Vec<(PageKey, Location)> {
         let rec = {
-            let mut t = self.tables.write();
+            let mut t = store.tables.write();
             let rec = t.restored.take(identity);
             t.restored.adopting = rec.is_some().then_some(identity);
             rec
@@ -411,10 +347,11 @@ impl Extension {
         // A stamp that cannot be read, or of another inode (the file was replaced under its
         // name), proves nothing: none of its pages.
         let now = now.filter(|n| n.identity == identity);
-        let hot = self.adopt_entries(key, now, rec, first_page);
-        let mut t = self.tables.write();
+        let hot = self.adopt_entries(store, key, now, rec, first_page);
+        let mut t = store.tables.write();
         t.restored.adopting = None;
-        self.waiting_files
+        store
+            .waiting_files
             .store(t.restored.files_waiting(), Relaxed);
         hot
     }
@@ -422,10 +359,11 @@ impl Extension {
     /// `adopt` for the entries `rec` taken off the waiting list.
     fn adopt_entries(
         &self,
+        store: &PrivateStore,
         key: FileKey,
         now: Option<FileStamp>,
         rec: RestoredFile,
-        mut first_page: impl FirstPage,
+        first_page: &mut dyn FirstPage,
     ) -> Vec<(PageKey, Location)> {
         let refuse = |why: &str| {
             self.counters
@@ -445,7 +383,7 @@ impl Extension {
         // was): the first page must read as the copy the checkpoint recorded, from the ring or
         // from RAM.
         let ring_copy = {
-            let t = self.tables.read();
+            let t = store.tables.read();
             rec.entries
                 .iter()
                 .find(|e| e.page == 0 && t.restored.live(e))
@@ -472,36 +410,37 @@ impl Extension {
             .filter(|&(_, n)| n > 0)
             .collect();
         let grow = {
-            let t = self.tables.read();
+            let t = store.tables.read();
             t.index.bytes_after_adding(&per_region) - t.index.bytes()
         };
         if !self.charge_more(grow) {
             return refuse("the index has no memory left for them");
         }
-        self.tables.write().index.prepare_many(&per_region);
+        store.tables.write().index.prepare_many(&per_region);
         let mut adopted = 0;
         let mut hot = Vec::new();
         // In chunks: the tables' lock is every L2 reader's, and a large file's adoption must
         // not stall the reads of the others. Only this thread grows the index, so the room
         // prepared stays room between chunks.
         for chunk in rec.entries.chunks(ADOPT_CHUNK) {
-            let mut t = self.tables.write();
+            let mut t = store.tables.write();
             let tables = &mut *t;
             for e in chunk {
                 let page = PageKey::new(key, e.page as u64);
                 if !tables.restored.live(e)
                     || tables.index.contains(page)
-                    || tables.staged.contains_key(&page)
+                    || tables.staged.contains(page)
                     || !tables.index.has_room(e.region as usize)
                 {
                     continue;
                 }
-                tables.index.insert_restored(
+                tables.index.insert(
                     page,
                     e.region as usize,
                     e.offset_in_region(),
                     e.len(),
                     e.crc,
+                    true,
                 );
                 adopted += 1;
                 if e.hot {
@@ -509,7 +448,7 @@ impl Extension {
                 }
             }
         }
-        self.index_changed.store(true, Relaxed);
+        store.index_changed.store(true, Relaxed);
         self.counters
             .ext_pages_restored
             .fetch_add(adopted as u64, Relaxed);
@@ -519,13 +458,5 @@ impl Extension {
     /// Charges `more` bytes of index memory on top of what the index and the waiting list take.
     fn charge_more(&self, more: u64) -> bool {
         self.charge(self.index_footprint() + more)
-    }
-}
-
-impl Restored {
-    fn take(&mut self, id: FileIdentity) -> Option<RestoredFile> {
-        let r = self.files.remove(&id)?;
-        self.entries -= r.entries.len();
-        Some(r)
     }
 }

@@ -11,8 +11,8 @@
 //! adopts restored pages for files as they open, and checkpoints the index every few seconds
 //! while it changes (see `persist.rs`).
 
-use super::shared::{Admission, Claim};
-use super::{page_crc, Extension, IndexStore, Staged, ToWriter, REGION_BYTES};
+use super::store::Written;
+use super::{page_crc, Extension, Staged, ToWriter, REGION_BYTES};
 use crate::config::DIRECT_IO_ALIGN;
 use crate::counters::Counters;
 use crate::io::aligned::round_up;
@@ -39,7 +39,7 @@ pub(super) fn spawn(ext: Arc<Extension>, rx: Receiver<ToWriter>, done: Arc<Latch
         if restore {
             let ext = writer.ext.clone();
             let started = Instant::now();
-            writer.region = ext.restore();
+            writer.region = ext.store.restore(&ext);
             ext.writer_region.store(writer.region, Relaxed);
             ext.host.adopt_open_files(&ext);
             let took = started.elapsed();
@@ -54,10 +54,8 @@ pub(super) fn spawn(ext: Arc<Extension>, rx: Receiver<ToWriter>, done: Arc<Latch
         }
         // Consumes the writer: its hold on the extension ends before `done` says it stopped.
         let ext = writer.ext.clone();
-        let claim = writer.run(rx);
-        if let (Some(s), Some(c)) = (ext.shared(), claim) {
-            s.seal(c);
-        }
+        writer.run(rx);
+        ext.store.leave_region();
         // Adoptions asked for and never run: nothing will run them now.
         ext.drop_chores();
         drop(ext);
@@ -76,8 +74,6 @@ struct Writer {
     buf: AlignedBuf,
     last_checkpoint: Instant,
     checkpoint_interval: Duration,
-    /// The region claimed in a shared extension (the ring is everyone's: see `shared`).
-    claim: Option<Claim>,
 }
 
 impl Writer {
@@ -90,7 +86,6 @@ impl Writer {
             last_end: None,
             buf: AlignedBuf::new(REGION_BYTES as usize),
             last_checkpoint: Instant::now(),
-            claim: None,
         }
     }
 
@@ -98,10 +93,9 @@ impl Writer {
         REGION_BYTES as usize - self.fill
     }
 
-    /// Writes batches until told to stop; returns the shared region it still holds.
-    fn run(mut self, rx: Receiver<ToWriter>) -> Option<Claim> {
+    /// Writes batches until told to stop.
+    fn run(mut self, rx: Receiver<ToWriter>) {
         self.fill_batches(rx);
-        self.claim
     }
 
     fn fill_batches(&mut self, rx: Receiver<ToWriter>) {
@@ -161,13 +155,7 @@ impl Writer {
     fn between_batches(&mut self) {
         self.ext.run_chores();
         if self.last_checkpoint.elapsed() >= self.checkpoint_interval {
-            if self.ext.is_shared() {
-                // Its index lives on in shared memory; what a checkpoint's file list does
-                // for a private one, vouching does for it.
-                self.ext.vouch_shared(&self.ext.host.vouched_files());
-            } else {
-                self.ext.checkpoint_if_changed();
-            }
+            self.ext.persist(true);
             self.last_checkpoint = Instant::now();
         }
     }
@@ -175,33 +163,21 @@ impl Writer {
     /// Writes the pages of `batch` that fit in the current region; the rest stay in `batch`.
     fn write_batch(&mut self, batch: &mut Vec<Staged>) {
         let ext = self.ext.clone();
-        if self.fill == 0 {
-            self.enter_region();
-        }
-        if ext.is_shared() && self.claim.is_none() {
-            let mut t = ext.tables.write();
+        if self.fill == 0 && !self.enter_region() {
             for s in batch.iter() {
-                if t.staged.get(&s.key) == Some(&s.seq) {
-                    t.staged.remove(&s.key);
-                }
+                ext.store.unstage(s.key, s.seq);
             }
-            drop(t);
             ext.drop_admission(batch.len() as u64, || {
                 "every region of the shared extension is being filled by other processes".into()
             });
             batch.clear();
             return;
         }
-        if let (Some(index), Some(claim), true) = (ext.shared(), self.claim, self.fill > 0) {
-            // A recovery since the last batch voided the claim, and another process may have
-            // claimed the region and filled it since: never write into it again (issue 27,
-            // item 6). The batch waits for the next region. (A recovery between this check and
-            // the write is still possible: the reads' crc check makes that a miss.)
-            if !index.holds_claim(claim) {
-                self.claim = None;
-                self.next_region();
-                return;
-            }
+        if self.fill > 0 && !ext.store.holds_region() {
+            // The region was taken from this writer (a shared extension's recovery): the batch
+            // waits for the next region.
+            self.next_region();
+            return;
         }
         // Largest first: each page then starts at a multiple of its own size (or of 4 KiB).
         batch.sort_by_key(|s| std::cmp::Reverse(s.frame.data.len()));
@@ -222,78 +198,49 @@ impl Writer {
         if placed.is_empty() {
             return;
         }
-        let mut offsets = Vec::with_capacity(placed.len());
-        let mut crcs = Vec::with_capacity(placed.len());
+        let mut written = Vec::with_capacity(placed.len());
         let mut at = 0;
         for s in &placed {
             let page = &s.frame.data;
             self.buf[at..at + page.len()].copy_from_slice(page);
-            crcs.push(page_crc(s.key.page, page));
-            offsets.push(self.fill + at);
+            written.push(Written {
+                key: s.key,
+                seq: s.seq,
+                offset: self.fill + at,
+                len: page.len(),
+                crc: page_crc(s.key.page, page),
+                read: s.shared,
+            });
             at += page.len();
         }
         let bytes = round_up(at, DIRECT_IO_ALIGN);
         self.buf[at..bytes].fill(0);
         let offset = self.region as u64 * REGION_BYTES + self.fill as u64;
-        // The batch lands inside the region, at an O_DIRECT boundary, and a shared extension's
-        // writer writes only into a region it holds (issue 27, item 6).
+        // The batch lands inside the region, at an O_DIRECT boundary (a shared store asserts
+        // that its writer held the region: `SharedStore::index_written`).
         strict_assert!(
             self.fill + bytes <= REGION_BYTES as usize,
             "a batch past its region"
         );
         strict_assert!(offset.is_multiple_of(DIRECT_IO_ALIGN as u64));
-        strict_assert!(
-            !ext.is_shared() || self.claim.is_some(),
-            "a write without a claim"
-        );
         ext.counters.ext_outstanding_io.fetch_add(1, Relaxed);
         let res = ext.file.write_at(offset, &self.buf[..bytes]);
         ext.counters.ext_outstanding_io.fetch_sub(1, Relaxed);
         self.fill += bytes;
 
-        let mut t = ext.tables.write();
         if let Err(e) = res {
-            for s in &placed {
-                if t.staged.get(&s.key) == Some(&s.seq) {
-                    t.staged.remove(&s.key);
-                }
+            for w in &written {
+                ext.store.unstage(w.key, w.seq);
             }
-            drop(t);
             Counters::bump(&ext.counters.ext_io_errors);
             ext.fault(format!("write error: {e}"));
             self.last_end = None;
         } else {
-            let mut shared = Vec::new();
-            if !ext.is_shared() {
-                t.index.prepare(self.region, placed.len());
+            // Indexed after the bytes are written: no entry points at bytes not there.
+            if !ext.store.index_written(self.region, &written) {
+                // The region was taken from this writer: never write into it again.
+                self.fill = REGION_BYTES as usize;
             }
-            for (i, s) in placed.iter().enumerate() {
-                if t.staged.get(&s.key) == Some(&s.seq) {
-                    t.staged.remove(&s.key);
-                    let len = s.frame.data.len();
-                    match s.shared {
-                        Some(read) => shared.push(Admission {
-                            file: read.file,
-                            page: s.key.page,
-                            offset: offsets[i],
-                            len,
-                            crc: crcs[i],
-                            epoch: read.epoch,
-                        }),
-                        None => t.index.insert(s.key, self.region, offsets[i], len, crcs[i]),
-                    }
-                }
-            }
-            drop(t);
-            if let (Some(index), Some(claim)) = (ext.shared(), self.claim) {
-                // Published after the bytes are written: no entry points at bytes not there.
-                if index.publish(claim, &shared).is_none() {
-                    // The claim was voided (a recovery): never write into the region again.
-                    self.claim = None;
-                    self.fill = REGION_BYTES as usize;
-                }
-            }
-            ext.index_changed.store(true, Relaxed);
             // Faults must be consecutive to disable the extension: a good write ends a streak.
             ext.consecutive_faults.store(0, Relaxed);
             let c = &ext.counters;
@@ -311,51 +258,37 @@ impl Writer {
     }
 
     fn next_region(&mut self) {
-        if let (Some(s), Some(c)) = (self.ext.shared(), self.claim.take()) {
-            s.seal(c);
-        }
+        self.ext.store.leave_region();
         self.region = (self.region + 1) % self.ext.regions;
         self.fill = 0;
         self.ext.writer_region.store(self.region, Relaxed);
     }
 
-    /// Forgets what the region about to be overwritten holds (the ring's oldest pages).
-    fn enter_region(&mut self) {
+    /// Enters the next region, forgetting what it holds (the ring's oldest pages); false if
+    /// there is none to write now.
+    fn enter_region(&mut self) -> bool {
         let ext = &self.ext;
         let now = ext.now_ms();
-        if let Some(s) = ext.shared() {
-            // The ring is everyone's: the next region free of other live writers.
-            self.claim = s.claim_region();
-            if let Some(c) = self.claim {
-                self.region = c.region;
-                ext.writer_region.store(c.region, Relaxed);
-                ext.counters
-                    .ext_page_evictions
-                    .fetch_add(c.evicted as u64, Relaxed);
-                ext.region_last_ref[c.region].store(now, Relaxed);
-            }
-            return;
-        }
-        let evicted = {
-            let mut t = ext.tables.write();
-            t.restored.overwrite(self.region);
-            ext.waiting_files.store(t.restored.files_waiting(), Relaxed);
-            t.index.clear_region(self.region)
+        let Some(entered) = ext.store.enter_region(self.region) else {
+            return false;
         };
-        if evicted > 0 {
+        self.region = entered.region;
+        ext.writer_region.store(entered.region, Relaxed);
+        if entered.evicted > 0 {
             ext.counters
                 .ext_page_evictions
-                .fetch_add(evicted as u64, Relaxed);
-            let last = ext.region_last_ref[self.region].load(Relaxed);
+                .fetch_add(entered.evicted as u64, Relaxed);
+            let last = ext.region_last_ref[entered.region].load(Relaxed);
             Counters::average_in(&ext.counters.ext_unreferenced_ms, now.saturating_sub(last));
         }
         // A fresh region: its pages have not been referenced since they were written.
-        ext.region_last_ref[self.region].store(now, Relaxed);
-        if ext.checkpoint_due_at(self.region) {
+        ext.region_last_ref[entered.region].store(now, Relaxed);
+        if ext.store.persist_due_at(ext, entered.region) {
             // Listed nothing of this region (just forgotten); bounds what a restore must void.
-            ext.checkpoint_files(ext.host.vouched_files(), &|keys| ext.host.resident(keys));
+            ext.persist(false);
             self.last_checkpoint = Instant::now();
         }
+        true
     }
 
     /// Makes room in the index for `pages` in the current region, within the memory budget:
@@ -364,25 +297,19 @@ impl Writer {
     /// Returns the pages that may be written.
     fn reserve_index(&mut self, mut pages: Vec<Staged>) -> Vec<Staged> {
         let ext = self.ext.clone();
-        if ext.is_shared() {
-            return pages; // the shared index is laid out in full, in shared memory
-        }
         let regions_overhead = ext.regions as u64 * 8;
         let mut ahead = 1;
         loop {
-            let needed = {
-                let t = ext.tables.read();
-                t.index.bytes_after_prepare(self.region, pages.len())
-                    + regions_overhead
-                    + t.restored.bytes()
+            let Some(index_bytes) = ext.store.index_bytes_with(self.region, pages.len()) else {
+                return pages; // a shared index is laid out in full, in shared memory
             };
-            if ext.charge(needed) {
+            if ext.charge(index_bytes + regions_overhead) {
                 return pages;
             }
             if ahead < ext.regions {
                 // The oldest pages go first, as they would when the ring comes round.
                 let r = (self.region + ahead) % ext.regions;
-                let evicted = ext.tables.write().index.release_region(r);
+                let evicted = ext.store.release_region(r);
                 ext.counters
                     .ext_page_evictions
                     .fetch_add(evicted as u64, Relaxed);
@@ -391,13 +318,9 @@ impl Writer {
             }
             let keep = pages.len() / 2;
             let dropped = pages.split_off(keep);
-            let mut t = ext.tables.write();
             for s in &dropped {
-                if t.staged.get(&s.key) == Some(&s.seq) {
-                    t.staged.remove(&s.key);
-                }
+                ext.store.unstage(s.key, s.seq);
             }
-            drop(t);
             ext.drop_admission(dropped.len() as u64, || {
                 "the extension's index reached its budget (half of max server memory): pages \
                  smaller than 4 KiB need more index memory per byte cached; raise max server \

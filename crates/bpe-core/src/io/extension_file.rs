@@ -10,9 +10,10 @@
 //! other file at the path is refused and left untouched.
 
 use super::aligned::read_full;
+use super::own_file::{self, Access};
 use crate::error::{Error, ExtensionRefusal, Result};
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -164,12 +165,7 @@ impl ExtensionFile {
                     Err(_) => continue,
                 },
             };
-            let Ok(file) = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(path)
-            else {
+            let Ok(file) = own_file::open(path, Access::Update) else {
                 continue;
             };
             let meta = file.metadata().map_err(|e| bad(path, e.to_string()))?;
@@ -212,12 +208,7 @@ impl ExtensionFile {
 
     /// Opens and locks the left-over file (dev, ino) if it still is at `path` with `size` bytes.
     fn take_over(path: &Path, dev: u64, ino: u64, size: u64) -> Result<Option<ExtensionFile>> {
-        let Ok(file) = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)
-        else {
+        let Ok(file) = own_file::open(path, Access::Update) else {
             return Ok(None);
         };
         let Ok(meta) = file.metadata() else {
@@ -250,14 +241,7 @@ impl ExtensionFile {
             path: path.to_path_buf(),
             source,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)
-            .map_err(create_err)?;
+        let file = own_file::open(path, Access::CreateNew).map_err(create_err)?;
         let meta = file.metadata().map_err(create_err)?;
         let ext = ExtensionFile {
             path: path.to_path_buf(),
@@ -407,11 +391,7 @@ enum Found {
 }
 
 fn inspect(path: &Path) -> Found {
-    let Ok(file) = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
-    else {
+    let Ok(file) = own_file::open(path, Access::Inspect) else {
         return Found::Foreign;
     };
     let Ok(m) = file.metadata() else {

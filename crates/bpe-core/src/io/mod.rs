@@ -8,6 +8,7 @@ pub mod device;
 pub mod emulation;
 pub mod extension_file;
 pub mod faults;
+pub mod own_file;
 
 pub use aligned::AlignedBuf;
 pub use data_file::{DataFile, FileIdentity, FileStamp};

@@ -4,9 +4,10 @@
 //! `extension/shared`); this module is the FFI edge: the mapping's lifetime and the pthread
 //! calls.
 
+use super::own_file::{self, Access};
 use std::cell::UnsafeCell;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
@@ -129,13 +130,7 @@ impl SharedMemory {
 /// an extension shared by default is then private).
 fn open_in_use(path: &Path) -> std::io::Result<File> {
     for _ in 0..1000 {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)?;
+        let file = own_file::open(path, Access::UpdateOrCreate)?;
         // SAFETY: a plain syscall on a descriptor we own.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
             let e = std::io::Error::last_os_error();
@@ -185,11 +180,7 @@ pub(crate) fn mapped_by_any_process(path: &Path, file: &File) -> bool {
 /// `unused(file)` agrees (it reads the file; it runs with the exclusive lock held). Returns
 /// whether it was removed.
 pub(crate) fn remove_if_unused(path: &Path, unused: impl FnOnce(&File) -> bool) -> bool {
-    let Ok(file) = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-    else {
+    let Ok(file) = own_file::open(path, Access::Read) else {
         return false;
     };
     // SAFETY: a plain syscall on a descriptor we own; the lock goes with the descriptor.
@@ -370,13 +361,8 @@ mod tests {
             return;
         };
         let len = 64 * 4096;
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&path)
-            .unwrap();
+        let _ = std::fs::remove_file(&path);
+        let file = own_file::open(&path, Access::CreateNew).unwrap();
         file.set_len(len as u64).unwrap();
         let sparse = file.metadata().unwrap().blocks() * 512;
         let mem = SharedMemory::open(&path, len, false).unwrap();

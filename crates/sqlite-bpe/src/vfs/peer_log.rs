@@ -18,8 +18,9 @@
 //! has it mapped. Entries are written seqlock-style (sequence number last) so a reader never
 //! takes a half-written entry for a whole one.
 
+use bpe_core::own_file::{self, Access};
 use bpe_core::FileIdentity;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -107,11 +108,7 @@ pub fn remove_unused() {
             continue;
         }
         let path = entry.path();
-        let Ok(file) = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&path)
-        else {
+        let Ok(file) = own_file::open(&path, Access::Inspect) else {
             continue;
         };
         let ours = file.metadata().is_ok_and(|m| m.is_file() && m.uid() == uid);
@@ -233,14 +230,7 @@ impl PeerLog {
     /// reserved (a full /dev/shm: said once through sqlite3_log).
     pub fn open(identity: FileIdentity) -> Option<PeerLog> {
         let path = log_path(identity);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&path)
-            .ok()?;
+        let file = own_file::open(&path, Access::UpdateOrCreate).ok()?;
         let meta = file.metadata().ok()?;
         // SAFETY: geteuid has no preconditions.
         let uid = unsafe { libc::geteuid() };
@@ -493,13 +483,7 @@ mod tests {
         drop(a);
         // An older creator's log: sized, not reserved, its creator still holding it.
         let path = log_path(identity(4));
-        let older = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .unwrap();
+        let older = own_file::open(&path, Access::CreateNew).unwrap();
         older.set_len(SIZE as u64).unwrap();
         assert!(flock(&older, libc::LOCK_SH));
         let sparse = reserved(&older) < SIZE as u64;

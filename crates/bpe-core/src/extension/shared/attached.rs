@@ -152,7 +152,7 @@ impl Attached {
     }
 
     /// The file under local `key` was verified at `stamp`, a stamp read clear of the racy
-    /// window (see `Extension::vouch_shared`).
+    /// window (see `SharedStore::persist`).
     pub fn vouch_verified(&self, key: FileKey, stamp: crate::io::FileStamp) {
         if let Some(f) = self.bound(key) {
             self.index.vouch(f, KnownStamp { stamp, racy: false });

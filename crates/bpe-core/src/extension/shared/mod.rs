@@ -42,9 +42,11 @@
 
 mod attached;
 mod layout;
+mod store;
 
 pub use attached::{Attached, SharedRead};
 pub use layout::{Geometry, MAX_PARTICIPANTS};
+pub(crate) use store::SharedStore;
 
 #[cfg(any(test, feature = "testing"))]
 pub use super::index::page_crc;
@@ -53,13 +55,14 @@ pub use super::index::Location;
 use crate::error::{Error, Result};
 use crate::files::KnownStamp;
 use crate::io::ofd;
+use crate::io::own_file::{self, Access};
 use crate::io::shared_memory::{Locked, SharedMemory};
 use crate::io::FileIdentity;
 use crate::page::{FileKey, PageKey};
 use layout::{Header, Layout, Tables, FILLING, FREE, FULL, MAGIC, STRIPES};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -294,11 +297,7 @@ impl SharedIndex {
     /// geometry, or 64 processes are attached.
     pub fn attach(path: &Path, geometry: Geometry) -> Result<SharedIndex> {
         remove_orphaned_memory();
-        let locks = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)
+        let locks = own_file::open(path, Access::Update)
             .map_err(|e| bad(path, format!("cannot open it to attach: {e}")))?;
         if !ofd::exclusive_wait(&locks, ADMIN_BYTE) {
             return Err(bad(path, "cannot lock it to attach"));

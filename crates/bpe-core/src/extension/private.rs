@@ -1,0 +1,249 @@
+//! The private store: this process's own index of the extension, in RAM, checkpointed into the
+//! file for the next process (`persist.rs`). One lock guards the index, the pages staged for
+//! the writer and the checkpoint's pages waiting for adoption, so that each decision about a
+//! page sees all three at once.
+
+use super::restored::Restored;
+use super::store::{Entered, FirstPage, Hit, L2Store, Resident, Staging, Written};
+use super::{Extension, ExtensionIndex, IndexStore, Location, Vouched, REGION_BYTES};
+use crate::config::Sharing;
+use crate::files::FileHandle;
+use crate::io::extension_file::ExtensionFile;
+use crate::io::{FileIdentity, FileStamp};
+use crate::page::{FileKey, PageKey};
+use crate::pool::Frame;
+use crate::sync::{Rank, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+
+pub(crate) struct PrivateStore {
+    pub(super) tables: RwLock<Tables>,
+    /// Files whose restored pages wait for adoption (`Tables::restored`), readable without a
+    /// lock: the miss path looks at it (see `Extension::await_restore`).
+    pub(super) waiting_files: AtomicUsize,
+    /// Set when the index changed since the last checkpoint.
+    pub(super) index_changed: AtomicBool,
+}
+
+pub(super) struct Tables {
+    pub index: ExtensionIndex,
+    pub staged: Staging,
+    /// The last checkpoint's pages not adopted yet.
+    pub restored: Restored,
+}
+
+impl PrivateStore {
+    pub fn new(regions: usize) -> PrivateStore {
+        PrivateStore {
+            tables: RwLock::new(
+                Rank::ExtensionTables,
+                Tables {
+                    index: ExtensionIndex::new(regions, REGION_BYTES),
+                    staged: Staging::default(),
+                    restored: Restored::default(),
+                },
+            ),
+            waiting_files: AtomicUsize::new(0),
+            index_changed: AtomicBool::new(false),
+        }
+    }
+}
+
+fn hit(location: Location) -> Hit {
+    Hit {
+        location,
+        theirs: false,
+    }
+}
+
+impl L2Store for PrivateStore {
+    fn sharing(&self) -> Sharing {
+        Sharing::Private
+    }
+
+    fn stats(&self) -> (usize, u64) {
+        let t = self.tables.read();
+        (t.index.len(), t.index.live_bytes())
+    }
+
+    fn locate(&self, key: PageKey) -> Option<Hit> {
+        self.tables.read().index.lookup(key).map(hit)
+    }
+
+    /// Under one hold of the lock (the default takes it once per page).
+    fn locate_run(&self, after: PageKey, keys: &[PageKey], page_len: usize) -> Vec<Hit> {
+        let t = self.tables.read();
+        let Some(first) = t.index.lookup(after) else {
+            return Vec::new();
+        };
+        let mut next = first.offset + first.len as u64;
+        keys.iter()
+            .map_while(|&k| {
+                let loc = t
+                    .index
+                    .lookup(k)
+                    .filter(|l| l.offset == next && l.len == page_len)?;
+                next += page_len as u64;
+                Some(hit(loc))
+            })
+            .collect()
+    }
+
+    fn drop_if(&self, key: PageKey, location: Location) -> bool {
+        let mut t = self.tables.write();
+        let current = t.index.lookup(key) == Some(location);
+        if current {
+            t.index.remove(key);
+        }
+        current
+    }
+
+    fn stage(&self, frame: &Frame, seq: u64) -> bool {
+        let key = frame.key;
+        let held = |t: &Tables| t.index.contains(key) || t.staged.contains(key);
+        // Most offers at eviction are of pages admitted at load: a shared lock answers them.
+        if held(&self.tables.read()) {
+            return false;
+        }
+        let mut t = self.tables.write();
+        if held(&t) {
+            return false;
+        }
+        t.staged.insert(key, seq);
+        true
+    }
+
+    fn unstage(&self, key: PageKey, seq: u64) {
+        self.tables.write().staged.take(key, seq);
+    }
+
+    fn staged(&self) -> usize {
+        self.tables.read().staged.len()
+    }
+
+    fn invalidate(&self, _file: &FileHandle, key: PageKey) {
+        let mut t = self.tables.write();
+        t.staged.remove(key);
+        if t.index.remove(key).is_some() {
+            self.index_changed.store(true, Relaxed);
+        }
+    }
+
+    fn forget(&self, file: Option<FileKey>, first_page: u64) -> bool {
+        let hit = |k: PageKey| file.is_none_or(|f| k.file == f) && k.page >= first_page;
+        let mut t = self.tables.write();
+        t.staged.retain(|k| !hit(k));
+        t.index.remove_where(hit);
+        if file.is_none() {
+            t.restored.clear();
+            self.waiting_files.store(0, Relaxed);
+        }
+        self.index_changed.store(true, Relaxed);
+        true
+    }
+
+    fn entries(&self, last_ref: &dyn Fn(usize) -> u64) -> Vec<(PageKey, u64, Option<u32>)> {
+        let t = self.tables.read();
+        t.index
+            .entries()
+            .map(|(region, key)| (key, last_ref(region), None))
+            .collect()
+    }
+
+    fn footprint(&self) -> u64 {
+        let t = self.tables.read();
+        t.index.bytes() + t.restored.bytes()
+    }
+
+    fn enter_region(&self, next: usize) -> Option<Entered> {
+        let mut t = self.tables.write();
+        t.restored.overwrite(next);
+        self.waiting_files
+            .store(t.restored.files_waiting(), Relaxed);
+        let evicted = t.index.clear_region(next);
+        Some(Entered {
+            region: next,
+            evicted,
+        })
+    }
+
+    fn index_bytes_with(&self, region: usize, pages: usize) -> Option<u64> {
+        let t = self.tables.read();
+        Some(t.index.bytes_after_prepare(region, pages) + t.restored.bytes())
+    }
+
+    fn release_region(&self, region: usize) -> usize {
+        self.tables.write().index.release_region(region)
+    }
+
+    fn index_written(&self, region: usize, pages: &[Written]) -> bool {
+        let mut t = self.tables.write();
+        t.index.prepare(region, pages.len());
+        for p in pages {
+            if t.staged.take(p.key, p.seq) {
+                t.index.insert(p.key, region, p.offset, p.len, p.crc, false);
+            }
+        }
+        self.index_changed.store(true, Relaxed);
+        true
+    }
+
+    fn persist(&self, ext: &Extension, vouched: Vouched, resident: Resident<'_>, if_changed: bool) {
+        if !if_changed
+            || self.index_changed.load(Relaxed)
+            || vouched.fingerprint() != ext.checkpointed_files.load(Relaxed)
+        {
+            ext.checkpoint_files(self, vouched, resident);
+        }
+    }
+
+    fn persist_due_at(&self, ext: &Extension, region: usize) -> bool {
+        ext.checkpoint_due_at(region)
+    }
+
+    fn shut_down(&self, file: &ExtensionFile) {
+        file.remove();
+    }
+
+    fn close(&self, file: &ExtensionFile) {
+        // Done with the file: the next owner may take it over at once, even while a reader in
+        // flight still holds this extension (its reads verify, and miss, like any other).
+        file.unlock();
+    }
+
+    fn keeps_checkpoints(&self) -> bool {
+        true
+    }
+
+    fn restore(&self, ext: &Extension) -> usize {
+        ext.restore_into(self)
+    }
+
+    fn adopt(
+        &self,
+        ext: &Extension,
+        key: FileKey,
+        identity: FileIdentity,
+        now: Option<FileStamp>,
+        first_page: &mut dyn FirstPage,
+    ) -> Vec<(PageKey, Location)> {
+        ext.adopt_into(self, key, identity, now, first_page)
+    }
+
+    fn has_waiting_files(&self) -> bool {
+        self.waiting_files.load(Relaxed) > 0
+    }
+
+    fn has_restored(&self, file: FileIdentity) -> bool {
+        let t = self.tables.read();
+        t.restored.files.contains_key(&file) || t.restored.adopting == Some(file)
+    }
+
+    fn recorded_stamp(&self, file: FileIdentity) -> Option<FileStamp> {
+        self.tables
+            .read()
+            .restored
+            .files
+            .get(&file)
+            .map(|r| r.stamp)
+    }
+}
