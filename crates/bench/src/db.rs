@@ -90,11 +90,31 @@ pub fn open_with(path: &Path, sqlite: Sqlite, journal: Journal) -> anyhow::Resul
         }
     };
     conn.busy_timeout(Duration::from_secs(60))?;
+    let mmap = match sqlite {
+        Sqlite::Bpe => bpe_mmap_size()?,
+        Sqlite::Stock { .. } => 0,
+    };
     conn.execute_batch(&format!(
-        "PRAGMA journal_mode = {}; PRAGMA cache_size = -{cache_kib}; PRAGMA mmap_size = 0;",
+        "PRAGMA journal_mode = {}; PRAGMA cache_size = -{cache_kib}; PRAGMA mmap_size = {mmap};",
         journal.pragma()
     ))?;
     Ok(conn)
+}
+
+/// The environment variable that gives bpe connections SQLite's memory-mapped reads, which
+/// bpe serves in place from L1 (`xFetch`): `PRAGMA mmap_size` in bytes, 0 (the default) for
+/// none. Stock SQLite's arms never map the file: their memory is the page cache they are given.
+pub const MMAP_SIZE_VAR: &str = "BPE_BENCH_MMAP_SIZE";
+
+/// [`MMAP_SIZE_VAR`]'s value, or an error naming it when it is not a byte count.
+fn bpe_mmap_size() -> anyhow::Result<u64> {
+    match std::env::var(MMAP_SIZE_VAR) {
+        Err(std::env::VarError::NotPresent) => Ok(0),
+        Ok(v) => v.trim().parse().map_err(|_| {
+            anyhow::anyhow!("{MMAP_SIZE_VAR}={v:?}: expected a size in bytes (0 for none)")
+        }),
+        Err(e) => anyhow::bail!("{MMAP_SIZE_VAR}: {e}"),
+    }
 }
 
 /// Opens `path` with SQLite's default VFS, for loading (not timed).

@@ -30,6 +30,7 @@ use crate::counters::Counters;
 use crate::error::Result;
 use crate::extension::{Extension, ExtensionHost};
 use crate::files::{FileHandle, FileRegistry, OpenKind, OpenRequest};
+use crate::io::clock::CoarseClock;
 use crate::io::{Emulator, FaultInjector, FileIdentity};
 use crate::page::{FileKey, PageKey};
 use crate::pool::{BufferPool, EvictionSink, Frame};
@@ -64,6 +65,8 @@ pub struct Engine {
     /// A shared extension's participant lock descriptor, likewise.
     extension_lock_fd: AtomicI32,
     epoch: Instant,
+    /// The hit path's clock (frames' last access), cheaper than `epoch`.
+    clock: CoarseClock,
     tracing: AtomicBool,
     trace: Mutex<Vec<PageKey>>,
     /// The background readahead thread's queue, once a scan started it (see `prefetch.rs`).
@@ -92,6 +95,7 @@ impl Engine {
             extension_fd: AtomicI32::new(-1),
             extension_lock_fd: AtomicI32::new(-1),
             epoch: Instant::now(),
+            clock: CoarseClock::start(),
             tracing: AtomicBool::new(false),
             trace: Mutex::new(Rank::Leaf, Vec::new()),
             prefetcher: Mutex::new(Rank::Leaf, None),
@@ -110,7 +114,7 @@ impl Engine {
     }
 
     pub(crate) fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        self.clock.now_ms()
     }
 
     /// Opens (or shares) a data file whose pages are `page_size` bytes, by name.

@@ -3,6 +3,7 @@
 //! nowhere else.
 
 pub mod aligned;
+pub mod clock;
 pub mod data_file;
 pub mod device;
 pub mod emulation;

@@ -93,9 +93,7 @@ impl BufferPool {
     }
 
     fn shard(&self, key: &PageKey) -> &RwLock<Shard> {
-        // The high bits pick the shard; the map inside uses the same hash's low bits.
-        let h = PageKeyHash::default().hash_one(key);
-        &self.shards[(h >> 58) as usize % SHARDS]
+        &self.shards[shard_of(key)]
     }
 
     /// The hit path: one shard read lock. On a miss, registers the caller as the page's loader.
@@ -405,6 +403,15 @@ impl BufferPool {
     }
 }
 
+/// The shard of `key`: bits 32..38 of its hash. Not the top bits: the map inside a shard keeps
+/// the top 7 bits of the same hash as each entry's tag (and its low bits pick the bucket). With
+/// the shard taken from the top bits, every key of a shard had one of two tags, and each lookup
+/// compared the keys of half its probe group.
+fn shard_of(key: &PageKey) -> usize {
+    let h = PageKeyHash::default().hash_one(key);
+    (h >> 32) as usize % SHARDS
+}
+
 fn remove_if_same(
     map: &mut HashMap<PageKey, Arc<Pending>, PageKeyHash>,
     key: &PageKey,
@@ -412,5 +419,31 @@ fn remove_if_same(
 ) {
     if map.get(key).is_some_and(|q| Arc::ptr_eq(q, p)) {
         map.remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    /// The keys of one shard must not share their map tags (the hash's top 7 bits): a shard
+    /// whose keys have few tags makes every probe compare many keys.
+    #[test]
+    fn keys_of_one_shard_spread_over_the_map_tags() {
+        let mut tags: Vec<HashSet<u64>> = vec![HashSet::new(); SHARDS];
+        for file in 1..=4 {
+            for page in 0..20_000 {
+                let key = PageKey::new(file, page);
+                let tag = PageKeyHash::default().hash_one(key) >> 57;
+                tags[shard_of(&key)].insert(tag);
+            }
+        }
+        // 1,250 keys a shard, 128 possible tags: every shard sees nearly all of them.
+        let fewest = tags.iter().map(HashSet::len).min().unwrap();
+        assert!(
+            fewest >= 100,
+            "a shard's keys have only {fewest} distinct tags"
+        );
     }
 }

@@ -1,0 +1,49 @@
+//! A millisecond clock for the hit path. Every L1 hit stamps its frame's last access; the
+//! precise monotonic clock (`Instant`) costs a vDSO call of ~20 ns there, 7 % of a cached
+//! lookup's time under perf. The coarse clock reads the kernel's tick (1-4 ms resolution) in a
+//! few ns, and last-access times are in milliseconds anyway.
+
+/// Milliseconds since the clock was made, from the kernel's coarse monotonic clock.
+#[derive(Clone, Copy, Debug)]
+pub struct CoarseClock {
+    start_ms: u64,
+}
+
+impl CoarseClock {
+    pub fn start() -> Self {
+        CoarseClock {
+            start_ms: coarse_monotonic_ms(),
+        }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        coarse_monotonic_ms().saturating_sub(self.start_ms)
+    }
+}
+
+fn coarse_monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC_COARSE exists on every Linux
+    // this builds for (2.6.32+), so the call cannot fail and only writes `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CoarseClock;
+    use std::time::Duration;
+
+    #[test]
+    fn coarse_clock_advances_with_time() {
+        let clock = CoarseClock::start();
+        let before = clock.now_ms();
+        std::thread::sleep(Duration::from_millis(30));
+        let after = clock.now_ms();
+        // The tick is at most 4 ms (HZ = 250); 30 ms of sleep moves it by at least 20.
+        assert!(after >= before + 20, "{before} -> {after}");
+    }
+}
