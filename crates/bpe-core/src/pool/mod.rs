@@ -403,7 +403,7 @@ impl BufferPool {
     }
 }
 
-/// The shard of `key`: bits 32..38 of its hash. Not the top bits: the map inside a shard keeps
+/// The shard of `key`: bits 32-37 of its hash. Not the top bits: the map inside a shard keeps
 /// the top 7 bits of the same hash as each entry's tag (and its low bits pick the bucket). With
 /// the shard taken from the top bits, every key of a shard had one of two tags, and each lookup
 /// compared the keys of half its probe group.
