@@ -29,7 +29,7 @@ pub enum Experiment {
     Dw(DwArgs),
     /// The cost of a read transaction: autocommit point lookups against lookups in one
     /// transaction, rollback journal and WAL, bpe and stock SQLite, alone and beside a plain
-    /// SQLite writer process.
+    /// SQLite writer process; and both with SQLite's default page cache (`*_defaults`).
     Autocommit(AutocommitArgs),
     /// Four worker processes running the lookup workload on one database: one shared extension
     /// (the default) against an extension each (BPE_EXTENSION_SHARED=0), and stock SQLite on a real device.
@@ -155,7 +155,8 @@ pub struct AutocommitArgs {
     #[arg(long)]
     pub rows: Option<u64>,
     /// `max server memory` in MB for bpe and SQLite's page cache for stock SQLite (default:
-    /// enough for the whole database).
+    /// enough for the whole database); the `*_defaults` pair keeps SQLite's default page cache
+    /// on both sides, and stock's memory is then the OS page cache.
     #[arg(long)]
     pub memory_mb: Option<u64>,
     /// Seconds each configuration reads (default 5; 1 with --quick).

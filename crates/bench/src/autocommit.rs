@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The configurations, in the order they run and print.
-pub const CONFIGS: [&str; 12] = [
+pub const CONFIGS: [&str; 16] = [
     "rollback_txn",
     "rollback_autocommit",
     "wal_txn",
@@ -42,7 +42,17 @@ pub const CONFIGS: [&str; 12] = [
     "stock_beside_writer_rollback",
     "beside_writer_wal",
     "stock_beside_writer_wal",
+    "rollback_defaults",
+    "stock_rollback_defaults",
+    "wal_defaults",
+    "stock_wal_defaults",
 ];
+
+/// SQLite's default page cache (`PRAGMA cache_size = -2000`), KiB: what an application that
+/// never sets it runs with. The `*_defaults` configurations give it to bpe and to stock alike,
+/// so that they compare turning the cache on in such an application: bpe's L1 then stands
+/// where stock has the OS page cache, with the same memory for either.
+const SQLITE_DEFAULT_CACHE_KIB: u64 = 2000;
 
 /// The writer beside a reader, as [`crate::run_child`] knows it.
 pub const WRITER: &str = "autocommit_writer";
@@ -58,6 +68,8 @@ struct Shape {
     journal: Journal,
     txn: bool,
     writer: bool,
+    /// SQLite's default page cache on both sides (see [`SQLITE_DEFAULT_CACHE_KIB`]).
+    defaults: bool,
 }
 
 fn shape(name: &str) -> Shape {
@@ -70,11 +82,22 @@ fn shape(name: &str) -> Shape {
         },
         txn: name.ends_with("_txn"),
         writer: name.contains("beside_writer"),
+        defaults: name.ends_with("_defaults"),
     }
 }
 
 fn describe(s: &Shape, memory_mb: u64, interval_ms: u64) -> String {
-    let sqlite = if s.stock {
+    let sqlite = if s.defaults && s.stock {
+        format!(
+            "stock SQLite (unix VFS, SQLite's default {SQLITE_DEFAULT_CACHE_KIB} KiB page cache, \
+             the OS page cache under it)"
+        )
+    } else if s.defaults {
+        format!(
+            "bpe ({memory_mb} MB max server memory, SQLite's default {SQLITE_DEFAULT_CACHE_KIB} \
+             KiB page cache)"
+        )
+    } else if s.stock {
         format!("stock SQLite (unix VFS, {memory_mb} MB page cache)")
     } else {
         format!("bpe ({memory_mb} MB max server memory)")
@@ -98,6 +121,9 @@ struct Reads {
     rows: u64,
     /// All lookups inside one transaction.
     txn: bool,
+    /// The connection's page cache set back to SQLite's default (bpe's benchmark connections
+    /// otherwise keep theirs at [`db::PAGER_CACHE_KIB`]).
+    default_cache: bool,
     seconds: f64,
     writer: Option<WriterConfig>,
     /// Where the writer's results go.
@@ -185,12 +211,16 @@ pub fn run(a: &AutocommitArgs) -> anyhow::Result<BenchReport> {
         setup.journal = s.journal;
         if s.stock {
             setup.sqlite = Sqlite::Stock {
-                cache_kib: memory_mb * 1024,
+                cache_kib: match s.defaults {
+                    true => SQLITE_DEFAULT_CACHE_KIB,
+                    false => memory_mb * 1024,
+                },
             };
         }
         let reads = Reads {
             rows,
             txn: s.txn,
+            default_cache: s.defaults,
             seconds,
             writer: s.writer.then(|| WriterConfig {
                 db: db.clone(),
@@ -239,6 +269,9 @@ fn busy_retry(n: i32) -> bool {
 pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<ConfigResult>> {
     let (setup, cfg, conn) = start::<Reads>(config)?;
     conn.busy_handler(Some(busy_retry))?;
+    if cfg.default_cache {
+        conn.execute_batch(&format!("PRAGMA cache_size = -{SQLITE_DEFAULT_CACHE_KIB};"))?;
+    }
     let mut details = json!({
         "vfs": setup.sqlite.vfs(),
         "journal": setup.journal.label(),
@@ -515,7 +548,7 @@ fn summarize(r: &BenchReport) -> serde_json::Value {
         }
     }
     for j in ["rollback", "wal"] {
-        for m in ["txn", "autocommit"] {
+        for m in ["txn", "autocommit", "defaults"] {
             let b = format!("{j}_{m}");
             faster(format!("{b}_bpe_over_stock"), &b, &format!("stock_{b}"));
         }
@@ -597,7 +630,7 @@ fn print_results(r: &BenchReport) {
         }
     }
     for j in ["rollback", "wal"] {
-        for m in ["txn", "autocommit"] {
+        for m in ["txn", "autocommit", "defaults"] {
             let label = format!("{j} {m}: bpe / stock (lookups/s)");
             lines.push((label, format!("{j}_{m}_bpe_over_stock")));
         }

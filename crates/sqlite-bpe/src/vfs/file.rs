@@ -12,8 +12,8 @@ use super::replica_pos::ReplicaPos;
 use super::unix_file::{self, unix, UnixFile};
 use crate::api;
 use crate::ffi::guard;
-use bpe_core::FileIdentity;
 use bpe_core::{DeviceOp, Engine, Error, FileHandle, OpenRequest, PinnedPage, Via};
+use bpe_core::{FileIdentity, FileStamp};
 use libsqlite3_sys::*;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::{Path, PathBuf};
@@ -55,6 +55,10 @@ pub struct Conn {
     /// Header bytes 24..40 read when the read transaction began, handed to SQLite's own read of
     /// the same bytes that follows, which then costs no second read.
     header: Option<[u8; 16]>,
+    /// The file's size from the stamp taken when the read transaction began, handed to SQLite's
+    /// own size query that follows (`pagerPagecount`), which then costs no second stat call:
+    /// see `Conn::size_at_lock`.
+    size_at_lock: Option<i64>,
     /// A WAL read transaction began (a read mark was locked) and has not read the file yet:
     /// its first read looks at the wal-index again (see `Conn::wal_first_read`).
     wal_read_began: bool,
@@ -90,6 +94,7 @@ impl Conn {
             txn_truncated: None,
             txn_unloggable: false,
             header: None,
+            size_at_lock: None,
             wal_read_began: false,
             replica_pos: ReplicaPos::find(path),
             pins: Vec::new(),
@@ -354,6 +359,7 @@ unsafe extern "C" fn write(
     method!(f, SQLITE_IOERR_WRITE, "xWrite", |conn, real| {
         // SAFETY: buf has amt readable bytes.
         let data = unsafe { std::slice::from_raw_parts(buf as *const u8, amt as usize) };
+        conn.size_at_lock = None;
         conn.begin_writing();
         if page_shaped(amt, off) {
             match adopt_page_size(conn, amt) {
@@ -401,6 +407,7 @@ unsafe extern "C" fn truncate(f: *mut sqlite3_file, size: i64) -> c_int {
         // its calls. If it fails, so does the truncation, with SQLite's code: a failure SQLite
         // was told of (its test builds count an injected error as hit) must not end in a
         // success (issue 24: ioerr2.test 7.215.3 committed after an injected fstat error).
+        conn.size_at_lock = None;
         let mut before: i64 = 0;
         let probe = unix!(real, xFileSize, &mut before);
         if probe != SQLITE_OK {
@@ -432,6 +439,7 @@ fn shrinks(before: i64, size: i64) -> bool {
 unsafe extern "C" fn sync(f: *mut sqlite3_file, flags: c_int) -> c_int {
     method!(f, SQLITE_IOERR_FSYNC, "xSync", |conn, real| {
         // fsync through the unix descriptor flushes the inode, our writes included.
+        conn.size_at_lock = None;
         conn.engine.charge_data_device(DeviceOp::Sync);
         let rc = unix!(real, xSync, flags);
         if rc == SQLITE_OK {
@@ -442,9 +450,14 @@ unsafe extern "C" fn sync(f: *mut sqlite3_file, flags: c_int) -> c_int {
 }
 
 unsafe extern "C" fn file_size(f: *mut sqlite3_file, size: *mut i64) -> c_int {
-    method!(f, SQLITE_IOERR_FSTAT, "xFileSize", |_conn, real| unix!(
-        real, xFileSize, size
-    ))
+    method!(f, SQLITE_IOERR_FSTAT, "xFileSize", |conn, real| {
+        if let Some(s) = conn.size_at_lock.take() {
+            // SAFETY: SQLite passes a writable i64.
+            unsafe { *size = s };
+            return SQLITE_OK;
+        }
+        unix!(real, xFileSize, size)
+    })
 }
 
 unsafe extern "C" fn lock(f: *mut sqlite3_file, level: c_int) -> c_int {
@@ -466,6 +479,7 @@ unsafe extern "C" fn lock(f: *mut sqlite3_file, level: c_int) -> c_int {
             }
             let header = (read == SQLITE_OK).then_some(header);
             let stamp = conn.handle.stamp_now().ok();
+            conn.size_at_lock = conn.size_of(stamp.as_ref());
             conn.watch
                 .begin_read(&conn.engine, &conn.handle, header, stamp);
             if let Some(pos) = &conn.replica_pos {
@@ -485,6 +499,7 @@ unsafe extern "C" fn lock(f: *mut sqlite3_file, level: c_int) -> c_int {
 
 unsafe extern "C" fn unlock(f: *mut sqlite3_file, level: c_int) -> c_int {
     method!(f, SQLITE_IOERR_UNLOCK, "xUnlock", |conn, real| {
+        conn.size_at_lock = None;
         if std::mem::take(&mut conn.wrote) {
             // Our writes, accepted (and in rollback mode logged for the other bpe processes)
             // while still under the lock they were made under.
@@ -520,6 +535,8 @@ unsafe extern "C" fn check_reserved_lock(f: *mut sqlite3_file, out: *mut c_int) 
 
 unsafe extern "C" fn file_control(f: *mut sqlite3_file, op: c_int, arg: *mut c_void) -> c_int {
     method!(f, SQLITE_ERROR, "xFileControl", |conn, real| {
+        // A size hint may grow the file.
+        conn.size_at_lock = None;
         if op == SQLITE_FCNTL_PRAGMA {
             if let Some(rc) = bpe_pragma(arg) {
                 return rc;
@@ -621,6 +638,7 @@ unsafe extern "C" fn shm_lock(
     flags: c_int,
 ) -> c_int {
     method!(f, SQLITE_IOERR_SHMLOCK, "xShmLock", |conn, real| {
+        conn.size_at_lock = None;
         let guarded = WalLocks {
             write: offset <= WAL_WRITE_LOCK && offset + n > WAL_WRITE_LOCK,
             checkpoint: offset <= WAL_CKPT_LOCK && offset + n > WAL_CKPT_LOCK,
@@ -640,6 +658,11 @@ unsafe extern "C" fn shm_lock(
         if flags & SQLITE_SHM_SHARED != 0 && offset >= WAL_READ_LOCK0 {
             // A read transaction begins (WAL mode): has anyone else checkpointed?
             let stamp = conn.handle.stamp_now().ok();
+            if offset == WAL_READ_LOCK0 {
+                // Read mark 0: the snapshot is the database file alone, which no checkpoint
+                // writes while the mark is held (wal.c takes it exclusively to backfill).
+                conn.size_at_lock = conn.size_of(stamp.as_ref());
+            }
             if conn.shm0.is_null() {
                 // No wal-index mapped (`readonly_shm`: SQLite reads the WAL file itself, and
                 // holds its database lock for the connection's life): the stamp is the signal.
@@ -676,6 +699,28 @@ unsafe extern "C" fn shm_lock(
 }
 
 impl Conn {
+    /// The size SQLite's next `xFileSize` is answered with, from the stamp just taken as a read
+    /// transaction began; stock SQLite makes exactly one stat call there (`pagerPagecount`),
+    /// and ours then stands in for it (one per transaction in all, as without us).
+    ///
+    /// Why it is the answer a fresh fstat would give: the stamp was taken under the lock that
+    /// keeps every SQLite writer off the file (rollback: the SHARED lock, which a writer's
+    /// EXCLUSIVE waits for; WAL: read mark 0, which a checkpoint must take exclusively before
+    /// it backfills). The answer is given once, and any call that may change the size first
+    /// (a write, truncation, sync, file control, unlock, or another wal-index lock) drops it.
+    /// Only a stamp of this connection's own file counts (a stamp by path may name another).
+    fn size_of(&self, stamp: Option<&FileStamp>) -> Option<i64> {
+        let stamp = stamp?;
+        if self.identity.is_some_and(|id| id != stamp.identity) {
+            return None;
+        }
+        // unixFileSize reports a 1-byte file as empty (its ticket #3260 workaround).
+        match stamp.size {
+            1 => Some(0),
+            s => i64::try_from(s).ok(),
+        }
+    }
+
     /// `SQLITE_FCNTL_MMAP_SIZE`: answers the limit in force and sets the new one (`*arg` >= 0),
     /// as the unix VFS does: clamped to SQLite's maximum (the unix file, which never maps the
     /// file since our `fetch` stands in for its own, keeps and clamps it), and left as it is

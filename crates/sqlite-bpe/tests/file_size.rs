@@ -1,0 +1,224 @@
+//! The database file's size as SQLite sees it. A read transaction's stamp (taken as its lock is
+//! granted) answers SQLite's size query that follows, in place of a second stat call; these
+//! tests check that the answer is always the file's size as a fresh fstat would give it: after
+//! this connection changed the file under the same lock, and after another writer grew it
+//! between transactions, in both journal modes.
+
+mod common;
+use common::*;
+use libsqlite3_sys::*;
+use rusqlite::Connection;
+use std::ffi::{c_int, c_void};
+
+const PAGE: i64 = 4096;
+
+/// The connection's main database file, as its VFS sees it.
+fn file_of(c: &Connection) -> *mut sqlite3_file {
+    let mut f: *mut sqlite3_file = std::ptr::null_mut();
+    // SAFETY: a live connection; the op writes one sqlite3_file pointer.
+    let rc = unsafe {
+        sqlite3_file_control(
+            c.handle(),
+            c"main".as_ptr(),
+            SQLITE_FCNTL_FILE_POINTER,
+            &mut f as *mut *mut sqlite3_file as *mut c_void,
+        )
+    };
+    assert_eq!(rc, SQLITE_OK);
+    assert!(!f.is_null());
+    f
+}
+
+/// The file's methods (bpe's).
+fn methods(f: *mut sqlite3_file) -> &'static sqlite3_io_methods {
+    // SAFETY: an open file's methods outlive every call made on it in these tests.
+    unsafe { &*(*f).pMethods }
+}
+
+fn lock(f: *mut sqlite3_file, level: c_int) {
+    // SAFETY: an open file, called from the connection's only thread.
+    assert_eq!(unsafe { methods(f).xLock.unwrap()(f, level) }, SQLITE_OK);
+}
+
+fn unlock(f: *mut sqlite3_file) {
+    // SAFETY: as above.
+    let rc = unsafe { methods(f).xUnlock.unwrap()(f, SQLITE_LOCK_NONE) };
+    assert_eq!(rc, SQLITE_OK);
+}
+
+fn size(f: *mut sqlite3_file) -> i64 {
+    let mut n: i64 = -1;
+    // SAFETY: as above; n is writable.
+    assert_eq!(
+        unsafe { methods(f).xFileSize.unwrap()(f, &mut n) },
+        SQLITE_OK
+    );
+    n
+}
+
+fn write_page(f: *mut sqlite3_file, page: i64, byte: u8) {
+    let buf = vec![byte; PAGE as usize];
+    // SAFETY: as above; buf has PAGE bytes.
+    let rc = unsafe {
+        methods(f).xWrite.unwrap()(f, buf.as_ptr() as *const c_void, PAGE as c_int, page * PAGE)
+    };
+    assert_eq!(rc, SQLITE_OK);
+}
+
+fn truncate(f: *mut sqlite3_file, bytes: i64) {
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { methods(f).xTruncate.unwrap()(f, bytes) },
+        SQLITE_OK
+    );
+}
+
+fn on_disk(path: &std::path::Path) -> i64 {
+    std::fs::metadata(path).unwrap().len() as i64
+}
+
+/// A rollback-mode database of `pages` pages on the bpe VFS.
+fn rollback_db(dir: &std::path::Path) -> (Connection, std::path::PathBuf) {
+    let path = dir.join("size.db");
+    let c = open_bpe(&path);
+    c.execute_batch(
+        "PRAGMA page_size = 4096; PRAGMA journal_mode = DELETE;
+         CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB);
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20)
+         INSERT INTO t SELECT i, zeroblob(3000) FROM n;",
+    )
+    .unwrap();
+    (c, path)
+}
+
+#[test]
+fn the_size_after_a_shared_lock_is_the_files() {
+    let dir = tempdir();
+    let (c, path) = rollback_db(dir.path());
+    let f = file_of(&c);
+    lock(f, SQLITE_LOCK_SHARED);
+    assert_eq!(size(f), on_disk(&path));
+    // Asked again (the first answer is given once): still the file's.
+    assert_eq!(size(f), on_disk(&path));
+    unlock(f);
+}
+
+#[test]
+fn a_write_under_the_lock_is_in_the_size_that_follows() {
+    let dir = tempdir();
+    let (c, path) = rollback_db(dir.path());
+    let f = file_of(&c);
+    let before = on_disk(&path);
+    lock(f, SQLITE_LOCK_SHARED);
+    lock(f, SQLITE_LOCK_RESERVED);
+    lock(f, SQLITE_LOCK_EXCLUSIVE);
+    // The first size query after the lock comes after a write that grew the file.
+    write_page(f, before / PAGE, 0);
+    assert_eq!(size(f), before + PAGE);
+    unlock(f);
+    assert_eq!(on_disk(&path), before + PAGE);
+}
+
+#[test]
+fn a_truncation_under_the_lock_is_in_the_size_that_follows() {
+    let dir = tempdir();
+    let (c, path) = rollback_db(dir.path());
+    let f = file_of(&c);
+    let before = on_disk(&path);
+    lock(f, SQLITE_LOCK_SHARED);
+    lock(f, SQLITE_LOCK_RESERVED);
+    lock(f, SQLITE_LOCK_EXCLUSIVE);
+    truncate(f, before + 3 * PAGE);
+    assert_eq!(size(f), before + 3 * PAGE);
+    unlock(f);
+}
+
+#[test]
+fn a_size_hint_that_grows_the_file_is_in_the_size_that_follows() {
+    let dir = tempdir();
+    let (c, path) = rollback_db(dir.path());
+    let f = file_of(&c);
+    let before = on_disk(&path);
+    let mut chunk: c_int = 64 * 1024;
+    let mut hint: i64 = before + 64 * 1024;
+    lock(f, SQLITE_LOCK_SHARED);
+    lock(f, SQLITE_LOCK_RESERVED);
+    // SAFETY: an open file; CHUNK_SIZE takes an int, SIZE_HINT an i64.
+    unsafe {
+        let fc = methods(f).xFileControl.unwrap();
+        assert_eq!(
+            fc(
+                f,
+                SQLITE_FCNTL_CHUNK_SIZE,
+                &mut chunk as *mut c_int as *mut c_void
+            ),
+            SQLITE_OK
+        );
+        assert_eq!(
+            fc(
+                f,
+                SQLITE_FCNTL_SIZE_HINT,
+                &mut hint as *mut i64 as *mut c_void
+            ),
+            SQLITE_OK
+        );
+    }
+    let grown = on_disk(&path);
+    assert!(
+        grown > before,
+        "the hint grew the file ({before} -> {grown})"
+    );
+    assert_eq!(size(f), grown);
+    unlock(f);
+}
+
+/// Another writer (the unix VFS, as another process would) grows the database between two of
+/// bpe's read transactions, many times: each transaction sees every row, which it would not if
+/// SQLite were handed a size from before the growth.
+fn a_foreign_writer_growing_the_file_is_seen(journal: &str) {
+    let dir = tempdir();
+    let path = dir.path().join("grow.db");
+    let writer = open_unix(&path);
+    writer
+        .execute_batch(&format!(
+            "PRAGMA page_size = 4096; PRAGMA journal_mode = {journal};
+             CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB);"
+        ))
+        .unwrap();
+    let reader = open_bpe(&path);
+    for round in 1..=30i64 {
+        writer
+            .execute(
+                "WITH RECURSIVE n(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM n WHERE i < ?2)
+                 INSERT INTO t SELECT i, zeroblob(3000) FROM n",
+                [(round - 1) * 7 + 1, round * 7],
+            )
+            .unwrap();
+        if journal == "WAL" && round % 3 == 0 {
+            // Into the file: the bpe reader then reads with read mark 0 (the file alone).
+            writer
+                .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+                .unwrap();
+        }
+        let (n, last): (i64, i64) = reader
+            .query_row("SELECT count(*), max(id) FROM t", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        assert_eq!(
+            (n, last),
+            (round * 7, round * 7),
+            "{journal}, round {round}"
+        );
+    }
+}
+
+#[test]
+fn a_foreign_writer_growing_the_file_is_seen_in_rollback_mode() {
+    a_foreign_writer_growing_the_file_is_seen("DELETE");
+}
+
+#[test]
+fn a_foreign_writer_growing_the_file_is_seen_in_wal_mode() {
+    a_foreign_writer_growing_the_file_is_seen("WAL");
+}
