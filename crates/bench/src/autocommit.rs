@@ -272,10 +272,13 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
     if cfg.default_cache {
         conn.execute_batch(&format!("PRAGMA cache_size = -{SQLITE_DEFAULT_CACHE_KIB};"))?;
     }
+    // SQLite's page cache as the connection has it (negative cache_size: KiB).
+    let cache_size: i64 = conn.query_row("PRAGMA cache_size", [], |r| r.get(0))?;
     let mut details = json!({
         "vfs": setup.sqlite.vfs(),
         "journal": setup.journal.label(),
         "transaction": if cfg.txn { "one" } else { "autocommit" },
+        "pager_cache_kib": -cache_size,
     });
     let writer = match &cfg.writer {
         Some(w) => Some(Writer::start(w, &cfg.work_dir)?),

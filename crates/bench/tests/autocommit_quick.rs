@@ -56,8 +56,13 @@ fn autocommit_runs_every_configuration_and_the_writer_is_noticed() {
             "stock_beside_writer_rollback",
             "beside_writer_wal",
             "stock_beside_writer_wal",
+            "rollback_defaults",
+            "stock_rollback_defaults",
+            "wal_defaults",
+            "stock_wal_defaults",
         ]
     );
+    let memory_kib = v["parameters"]["memory_mb"].as_i64().unwrap() * 1024;
     for c in configs {
         let name = c["name"].as_str().unwrap();
         let stock = name.starts_with("stock_");
@@ -76,6 +81,14 @@ fn autocommit_runs_every_configuration_and_the_writer_is_noticed() {
         // Only the bpe configurations have an engine counting pages.
         assert_eq!(c["counters"]["engine"].as_bool().unwrap(), !stock, "{name}");
         assert!(d["latency_us"]["p50"].as_f64().unwrap() > 0.0, "{name}");
+        // SQLite's page cache: its default on both sides in the *_defaults pair, else the
+        // memory budget for stock and bpe's small pager cache.
+        let pager_kib = match (name.ends_with("_defaults"), stock) {
+            (true, _) => 2000,
+            (false, true) => memory_kib,
+            (false, false) => v["parameters"]["bpe_pager_cache_kib"].as_i64().unwrap(),
+        };
+        assert_eq!(d["pager_cache_kib"], pager_kib, "{name}");
         if name.contains("beside_writer") {
             let commits = d["writer"]["commits"].as_u64().unwrap();
             assert!(commits > 0, "the writer committed nothing: {c}");
