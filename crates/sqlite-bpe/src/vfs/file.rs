@@ -57,7 +57,7 @@ pub struct Conn {
     header: Option<[u8; 16]>,
     /// The file's size from the stamp taken when the read transaction began, handed to SQLite's
     /// own size query that follows (`pagerPagecount`), which then costs no second stat call:
-    /// see `Conn::size_at_lock`.
+    /// see `Conn::size_of`.
     size_at_lock: Option<i64>,
     /// A WAL read transaction began (a read mark was locked) and has not read the file yet:
     /// its first read looks at the wal-index again (see `Conn::wal_first_read`).
