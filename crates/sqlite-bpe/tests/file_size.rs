@@ -40,6 +40,20 @@ fn lock(f: *mut sqlite3_file, level: c_int) {
     assert_eq!(unsafe { methods(f).xLock.unwrap()(f, level) }, SQLITE_OK);
 }
 
+/// Takes the locks a writer takes, in SQLite's order: SHARED first (the read transaction's
+/// stamp, and the size it hands over), then up to `level`.
+fn lock_up_to(f: *mut sqlite3_file, level: c_int) {
+    for l in [
+        SQLITE_LOCK_SHARED,
+        SQLITE_LOCK_RESERVED,
+        SQLITE_LOCK_EXCLUSIVE,
+    ] {
+        if l <= level {
+            lock(f, l);
+        }
+    }
+}
+
 fn unlock(f: *mut sqlite3_file) {
     // SAFETY: as above.
     let rc = unsafe { methods(f).xUnlock.unwrap()(f, SQLITE_LOCK_NONE) };
@@ -109,9 +123,7 @@ fn a_write_under_the_lock_is_in_the_size_that_follows() {
     let (c, path) = rollback_db(dir.path());
     let f = file_of(&c);
     let before = on_disk(&path);
-    lock(f, SQLITE_LOCK_SHARED);
-    lock(f, SQLITE_LOCK_RESERVED);
-    lock(f, SQLITE_LOCK_EXCLUSIVE);
+    lock_up_to(f, SQLITE_LOCK_EXCLUSIVE);
     // The first size query after the lock comes after a write that grew the file.
     write_page(f, before / PAGE, 0);
     assert_eq!(size(f), before + PAGE);
@@ -125,9 +137,7 @@ fn a_truncation_under_the_lock_is_in_the_size_that_follows() {
     let (c, path) = rollback_db(dir.path());
     let f = file_of(&c);
     let before = on_disk(&path);
-    lock(f, SQLITE_LOCK_SHARED);
-    lock(f, SQLITE_LOCK_RESERVED);
-    lock(f, SQLITE_LOCK_EXCLUSIVE);
+    lock_up_to(f, SQLITE_LOCK_EXCLUSIVE);
     truncate(f, before + 3 * PAGE);
     assert_eq!(size(f), before + 3 * PAGE);
     unlock(f);
@@ -141,8 +151,7 @@ fn a_size_hint_that_grows_the_file_is_in_the_size_that_follows() {
     let before = on_disk(&path);
     let mut chunk: c_int = 64 * 1024;
     let mut hint: i64 = before + 64 * 1024;
-    lock(f, SQLITE_LOCK_SHARED);
-    lock(f, SQLITE_LOCK_RESERVED);
+    lock_up_to(f, SQLITE_LOCK_RESERVED);
     // SAFETY: an open file; CHUNK_SIZE takes an int, SIZE_HINT an i64.
     unsafe {
         let fc = methods(f).xFileControl.unwrap();
