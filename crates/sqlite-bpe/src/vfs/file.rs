@@ -703,11 +703,15 @@ impl Conn {
     /// transaction began; stock SQLite makes exactly one stat call there (`pagerPagecount`),
     /// and ours then stands in for it (one per transaction in all, as without us).
     ///
-    /// Why it is the answer a fresh fstat would give: the stamp was taken under the lock that
-    /// keeps every SQLite writer off the file (rollback: the SHARED lock, which a writer's
-    /// EXCLUSIVE waits for; WAL: read mark 0, which a checkpoint must take exclusively before
-    /// it backfills). The answer is given once, and any call that may change the size first
-    /// (a write, truncation, sync, file control, unlock, or another wal-index lock) drops it.
+    /// Why it is the answer a fresh fstat would give: the stamp was taken after the lock was
+    /// granted, so it is a size SQLite's own fstat could have returned had it run a moment
+    /// earlier; only a change by this connection in between would be ordered before SQLite's
+    /// call, and every call that may make one (a write, truncation, sync, file control, unlock,
+    /// or another wal-index lock) drops the answer first. It is given once. Under the usual
+    /// locks no other SQLite writer can change the size at all (rollback: the SHARED lock, which
+    /// a writer's EXCLUSIVE waits for; WAL: read mark 0, which a checkpoint must take
+    /// exclusively before it backfills); before a wal-index is mapped (WAL mode's first look,
+    /// `readonly_shm`) another process's checkpoint may, exactly as it may just after an fstat.
     /// Only a stamp of this connection's own file counts (a stamp by path may name another).
     fn size_of(&self, stamp: Option<&FileStamp>) -> Option<i64> {
         let stamp = stamp?;
