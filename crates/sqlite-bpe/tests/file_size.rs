@@ -235,3 +235,93 @@ fn a_foreign_writer_growing_the_file_is_seen_in_wal_mode() {
         a_foreign_writer_growing_the_file_is_seen("WAL", page_size);
     }
 }
+
+/// WAL mode as short-lived connections run it: a plain writer grows the file and closes (the
+/// last connection checkpoints and deletes the WAL), then a new bpe connection reads. Its
+/// wal-index is rebuilt from an empty WAL and holds no page count, so SQLite asks the file's
+/// size under read mark 0: the case in WAL mode where the stamp's size answers it.
+#[test]
+fn a_wal_reader_opening_after_the_writers_closed_sees_the_grown_file() {
+    for page_size in [4096, 8192, 16384] {
+        let dir = tempdir();
+        let path = dir.path().join("grow.db");
+        let wal = dir.path().join("grow.db-wal");
+        open_unix(&path)
+            .execute_batch(&format!(
+                "PRAGMA page_size = {page_size}; PRAGMA journal_mode = WAL;
+                 CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB);"
+            ))
+            .unwrap();
+        for round in 1..=20i64 {
+            open_unix(&path)
+                .execute(
+                    "WITH RECURSIVE n(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM n WHERE i < ?2)
+                     INSERT INTO t SELECT i, zeroblob(3000) FROM n",
+                    [(round - 1) * 7 + 1, round * 7],
+                )
+                .unwrap();
+            assert!(!wal.exists(), "the writer's close left its WAL");
+            let reader = open_bpe(&path);
+            let (n, last): (i64, i64) = reader
+                .query_row("SELECT count(*), max(id) FROM t", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .unwrap();
+            assert_eq!(
+                (n, last),
+                (round * 7, round * 7),
+                "{page_size}-byte pages, round {round}"
+            );
+        }
+    }
+}
+
+/// A hot journal left by a writer that grew the file: bpe's first read transaction takes the
+/// stamp's size for SQLite's hot-journal check, and the rollback that follows truncates the file
+/// back; SQLite must then see the truncated size, not the one handed over under the lock.
+#[test]
+fn a_hot_journal_rollback_that_shrinks_the_file_is_in_the_size_that_follows() {
+    let dir = tempdir();
+    let live = dir.path().join("live.db");
+    let writer = open_unix(&live);
+    writer
+        .execute_batch(
+            "PRAGMA page_size = 4096; PRAGMA journal_mode = DELETE; PRAGMA cache_size = 8;
+             CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB);
+             INSERT INTO t VALUES (1, zeroblob(3000));
+             BEGIN;
+             WITH RECURSIVE n(i) AS (SELECT 2 UNION ALL SELECT i + 1 FROM n WHERE i < 200)
+             INSERT INTO t SELECT i, zeroblob(3000) FROM n;",
+        )
+        .unwrap();
+    // The transaction spilled: the file grew past its committed size and its journal is hot.
+    let crashed = dir.path().join("crashed.db");
+    std::fs::copy(&live, &crashed).unwrap();
+    std::fs::copy(
+        dir.path().join("live.db-journal"),
+        dir.path().join("crashed.db-journal"),
+    )
+    .unwrap();
+    let grown = on_disk(&crashed);
+    drop(writer);
+
+    let reader = open_bpe(&crashed);
+    let (n, pages): (i64, i64) = reader
+        .query_row(
+            "SELECT (SELECT count(*) FROM t), (SELECT page_count FROM pragma_page_count)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(n, 1, "the rolled-back rows are gone");
+    let rolled_back = on_disk(&crashed);
+    assert!(
+        rolled_back < grown,
+        "the rollback shrank the file ({grown} -> {rolled_back})"
+    );
+    assert_eq!(pages * PAGE, rolled_back);
+    let check: String = reader
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+}

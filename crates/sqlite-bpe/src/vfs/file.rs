@@ -659,8 +659,10 @@ unsafe extern "C" fn shm_lock(
             // A read transaction begins (WAL mode): has anyone else checkpointed?
             let stamp = conn.handle.stamp_now().ok();
             if offset == WAL_READ_LOCK0 {
-                // Read mark 0: the snapshot is the database file alone, which no checkpoint
-                // writes while the mark is held (wal.c takes it exclusively to backfill).
+                // Read mark 0: no checkpoint writes the database file while the mark is held
+                // (wal.c takes it exclusively to backfill). The snapshot is the file alone,
+                // except under `readonly_shm` with a wal-index rebuilt in heap memory, where
+                // SQLite reads WAL frames too; the file's size holds either way.
                 conn.size_at_lock = conn.size_of(stamp.as_ref());
             }
             if conn.shm0.is_null() {
@@ -700,8 +702,10 @@ unsafe extern "C" fn shm_lock(
 
 impl Conn {
     /// The size SQLite's next `xFileSize` is answered with, from the stamp just taken as a read
-    /// transaction began; stock SQLite makes exactly one stat call there (`pagerPagecount`),
-    /// and ours then stands in for it (one per transaction in all, as without us).
+    /// transaction began. Stock SQLite makes a stat call there (`pagerPagecount`: in rollback
+    /// mode at each read transaction, in WAL mode only when the wal-index knows no page count,
+    /// as after it is rebuilt from an empty WAL), and ours then stands in for it. Unused, it
+    /// waits under the lock and goes with the next call that may change the size.
     ///
     /// Why it is the answer a fresh fstat would give: the stamp was taken after the lock was
     /// granted, so it is a size SQLite's own fstat could have returned had it run a moment
@@ -712,10 +716,11 @@ impl Conn {
     /// a writer's EXCLUSIVE waits for; WAL: read mark 0, which a checkpoint must take
     /// exclusively before it backfills); before a wal-index is mapped (WAL mode's first look,
     /// `readonly_shm`) another process's checkpoint may, exactly as it may just after an fstat.
-    /// Only a stamp of this connection's own file counts (a stamp by path may name another).
+    /// Only a stamp of this connection's own file counts (a stamp by path may name another);
+    /// when the file's identity is unknown (its descriptor could not be stat'ed), none does.
     fn size_of(&self, stamp: Option<&FileStamp>) -> Option<i64> {
         let stamp = stamp?;
-        if self.identity.is_some_and(|id| id != stamp.identity) {
+        if self.identity != Some(stamp.identity) {
             return None;
         }
         // unixFileSize reports a 1-byte file as empty (its ticket #3260 workaround).
