@@ -181,6 +181,19 @@ fn a_size_hint_that_grows_the_file_is_in_the_size_that_follows() {
     unlock(f);
 }
 
+/// One round of growth: rows ?1..=?2 of 3000 bytes each.
+const GROW: &str = "WITH RECURSIVE n(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM n WHERE i < ?2)
+                    INSERT INTO t SELECT i, zeroblob(3000) FROM n";
+
+/// The rows `reader` sees: their count and the largest id.
+fn rows_seen(reader: &Connection) -> (i64, i64) {
+    reader
+        .query_row("SELECT count(*), max(id) FROM t", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap()
+}
+
 /// Another writer (the unix VFS, as another process would) grows the database between two of
 /// bpe's read transactions, many times, at each page size applications use: each transaction sees every row, which it would not if
 /// SQLite were handed a size from before the growth.
@@ -197,11 +210,7 @@ fn a_foreign_writer_growing_the_file_is_seen(journal: &str, page_size: u32) {
     let reader = open_bpe(&path);
     for round in 1..=30i64 {
         writer
-            .execute(
-                "WITH RECURSIVE n(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM n WHERE i < ?2)
-                 INSERT INTO t SELECT i, zeroblob(3000) FROM n",
-                [(round - 1) * 7 + 1, round * 7],
-            )
+            .execute(GROW, [(round - 1) * 7 + 1, round * 7])
             .unwrap();
         if journal == "WAL" && round % 3 == 0 {
             // Into the file: the bpe reader then reads with read mark 0 (the file alone).
@@ -209,13 +218,8 @@ fn a_foreign_writer_growing_the_file_is_seen(journal: &str, page_size: u32) {
                 .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
                 .unwrap();
         }
-        let (n, last): (i64, i64) = reader
-            .query_row("SELECT count(*), max(id) FROM t", [], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .unwrap();
         assert_eq!(
-            (n, last),
+            rows_seen(&reader),
             (round * 7, round * 7),
             "{journal}, {page_size}-byte pages, round {round}"
         );
@@ -254,21 +258,11 @@ fn a_wal_reader_opening_after_the_writers_closed_sees_the_grown_file() {
             .unwrap();
         for round in 1..=20i64 {
             open_unix(&path)
-                .execute(
-                    "WITH RECURSIVE n(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM n WHERE i < ?2)
-                     INSERT INTO t SELECT i, zeroblob(3000) FROM n",
-                    [(round - 1) * 7 + 1, round * 7],
-                )
+                .execute(GROW, [(round - 1) * 7 + 1, round * 7])
                 .unwrap();
             assert!(!wal.exists(), "the writer's close left its WAL");
-            let reader = open_bpe(&path);
-            let (n, last): (i64, i64) = reader
-                .query_row("SELECT count(*), max(id) FROM t", [], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })
-                .unwrap();
             assert_eq!(
-                (n, last),
+                rows_seen(&open_bpe(&path)),
                 (round * 7, round * 7),
                 "{page_size}-byte pages, round {round}"
             );
