@@ -128,7 +128,7 @@ impl SharedMemory {
 /// a sweeper holds it for microseconds, but a process forked in that moment holds a copy of it
 /// for as long as it lives, and an attach must not wait for that (it fails after a second, and
 /// an extension shared by default is then private).
-fn open_in_use(path: &Path) -> std::io::Result<File> {
+pub(crate) fn open_in_use(path: &Path) -> std::io::Result<File> {
     for _ in 0..1000 {
         let file = own_file::open(path, Access::UpdateOrCreate)?;
         // SAFETY: a plain syscall on a descriptor we own.

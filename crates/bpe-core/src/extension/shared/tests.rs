@@ -623,10 +623,14 @@ fn a_segment_left_by_a_removed_file_is_not_adopted_by_one_with_its_inode_number(
     assert!(a.detach(true, || panic!("kept: nothing is deleted")));
     drop(a);
     let old = memory_path(identity(&s.path)).unwrap();
+    // Held in use, as a participant holds it: until the rename, the segment's file is gone or
+    // another inode, and another test's attach would sweep it (remove_orphaned_memory).
+    let in_use = crate::io::shared_memory::open_in_use(&old).unwrap();
     std::fs::remove_file(&s.path).unwrap();
     std::fs::write(&s.path, b"").unwrap();
     let new = memory_path(identity(&s.path)).unwrap();
     std::fs::rename(&old, &new).unwrap();
+    drop(in_use);
     let b = SharedIndex::attach(&s.path, geometry()).unwrap();
     let fb = b.bind(stamp(7, 100, false)).unwrap();
     assert_eq!(b.stats().pages, 0, "another file's index is not adopted");
