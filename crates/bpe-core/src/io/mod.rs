@@ -10,6 +10,7 @@ pub mod emulation;
 pub mod extension_file;
 pub mod faults;
 pub mod own_file;
+pub mod pid;
 
 pub use aligned::AlignedBuf;
 pub use data_file::{DataFile, FileIdentity, FileStamp};

@@ -164,7 +164,7 @@ impl Slab {
         let limit = chunks_for(limit_bytes).min(region.chunks as u32);
         Slab(Arc::new(SlabInner {
             region,
-            owner_pid: std::process::id(),
+            owner_pid: crate::io::pid::current(),
             state: Mutex::new(
                 Rank::Slab,
                 State {
@@ -329,7 +329,7 @@ impl Drop for Slot {
     fn drop(&mut self) {
         // In a forked child the slot is left as it is (the child's copy of the parent's memory,
         // never reused): freeing it would take a lock a parent thread may have held at the fork.
-        if std::process::id() != self.slab.owner_pid {
+        if crate::io::pid::current() != self.slab.owner_pid {
             return;
         }
         self.slab.free(self.chunk, self.index, self.class);

@@ -342,7 +342,7 @@ impl SharedIndex {
             layout,
             locks,
             me,
-            pid: std::process::id(),
+            pid: crate::io::pid::current(),
             broken: AtomicBool::new(false),
             deferred: crate::sync::Mutex::new(crate::sync::Rank::Leaf, Vec::new()),
             lock_timeouts: AtomicU64::new(0),
@@ -563,7 +563,7 @@ impl SharedIndex {
         let mut list = self.deferred.lock();
         // A forked child has a copy of the list: only the process that made it applies it
         // (applied twice, a count would go below what other processes' writes still need).
-        if list.is_empty() || std::process::id() != self.pid {
+        if list.is_empty() || crate::io::pid::current() != self.pid {
             return;
         }
         let deferred = std::mem::take(&mut *list);
