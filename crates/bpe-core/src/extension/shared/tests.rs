@@ -892,8 +892,11 @@ fn another_versions_segment_is_swept_only_once_no_process_maps_it() {
         "extension-4294967295-{}.shared",
         u32::MAX - std::process::id()
     ));
-    std::fs::write(&segment, vec![0x5a_u8; 4096]).unwrap();
-    let file = std::fs::File::open(&segment).unwrap();
+    // Made and held in use (the shared lock every participant holds) until it is mapped: a
+    // concurrent test's attach sweeps orphaned segments, and would remove this one between its
+    // creation and the mapping (CI failed so once: ENOENT at the open).
+    let file = crate::io::shared_memory::open_in_use(&segment).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &[0x5a_u8; 4096], 0).unwrap();
     // SAFETY: a fresh read-only shared mapping of a 4 KiB file this test made; unmapped below.
     let mapped = unsafe {
         libc::mmap(
