@@ -6,11 +6,18 @@
 //! once, and again in every forked child by a handler that `fork` runs in the child before it
 //! returns there.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU32, AtomicU8,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
 
-/// The id, once known (0: not yet asked in this process).
+/// The id, once known (0: not yet cached in this process).
 static PID: AtomicU32 = AtomicU32::new(0);
-static HANDLER: AtomicBool = AtomicBool::new(false);
+/// The fork handler: not registered, being registered, registered.
+static HANDLER: AtomicU8 = AtomicU8::new(NONE);
+const NONE: u8 = 0;
+const REGISTERING: u8 = 1;
+const REGISTERED: u8 = 2;
 
 extern "C" fn in_forked_child() {
     PID.store(std::process::id(), Relaxed);
@@ -22,17 +29,22 @@ pub fn current() -> u32 {
     if known != 0 {
         return known;
     }
-    // The handler first, the id second: a fork after the handler is in place gives the child
-    // its own id; a fork before it leaves the child at 0, and the child asks for itself. A
-    // child never keeps its parent's id. (No `Once`: a fork while another thread is inside one
-    // would leave the child's copy running forever.)
-    if !HANDLER.swap(true, Relaxed) {
-        // SAFETY: pthread_atfork only records the handler; the handler makes one
-        // async-signal-safe call (getpid) and one atomic store, as a child handler must.
-        unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
-    }
     let id = std::process::id();
-    PID.store(id, Relaxed);
+    // The id is cached only once the handler is in place: a fork after that gives the child its
+    // own id; a fork before it leaves the child at 0, and the child asks for itself. A child
+    // never keeps its parent's id. (No `Once`: a fork while another thread is inside one would
+    // leave the child's copy running forever.)
+    match HANDLER.compare_exchange(NONE, REGISTERING, AcqRel, Acquire) {
+        Ok(_) => {
+            // SAFETY: pthread_atfork only records the handler; the handler makes one
+            // async-signal-safe call (getpid) and one atomic store, as a child handler must.
+            unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
+            HANDLER.store(REGISTERED, Release);
+            PID.store(id, Relaxed);
+        }
+        Err(REGISTERED) => PID.store(id, Relaxed),
+        Err(_) => {} // another thread is registering it: not cached yet
+    }
     id
 }
 
