@@ -2,6 +2,10 @@
 
 use std::time::Duration;
 
+/// Dirty frames (write-behind) take at most 1/N of L1's target: the rest stays for clean pages,
+/// and a writer that outgrows it writes through.
+pub const WRITE_BEHIND_SHARE: u64 = 4;
+
 /// Default `max server memory`: sized for an embedded library that shares the machine with its host.
 pub const DEFAULT_MAX_MEMORY: u64 = 128 << 20;
 /// Smallest accepted `max server memory`: one largest page plus headroom.
@@ -156,6 +160,9 @@ pub struct Config {
     /// processes of this user that enable one at the same path (see `extension/shared`), or,
     /// off, this process's own (`Sharing::Private`: its warm restart survives a reboot).
     pub shared_extension: bool,
+    /// Let a writer that holds its file's write lock keep page writes in L1 until it writes
+    /// them back (`engine/write_behind.rs`); off, every page write goes to the file at once.
+    pub write_behind: bool,
 }
 
 /// Whether an extension is shared with the other processes of this user that enable one at
@@ -203,6 +210,7 @@ impl Default for Config {
             data_device: None,
             checkpoint_interval: CHECKPOINT_INTERVAL,
             shared_extension: true,
+            write_behind: true,
         }
     }
 }

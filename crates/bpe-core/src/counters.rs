@@ -147,6 +147,8 @@ pub struct Counters {
     pub l1_hits: StripedCounter,
     pub page_reads: AtomicU64,
     pub page_writes: AtomicU64,
+    /// Page writes held in L1 until their writer wrote them back (`engine/write_behind.rs`).
+    pub pages_written_behind: AtomicU64,
     pub readahead_pages: AtomicU64,
     pub lazy_writes: AtomicU64,
     pub ext_page_reads: AtomicU64,
@@ -249,6 +251,7 @@ pub struct CounterSnapshot {
     pub l1_hits: u64,
     pub page_reads: u64,
     pub page_writes: u64,
+    pub pages_written_behind: u64,
     pub readahead_pages: u64,
     pub lazy_writes: u64,
     pub page_life_expectancy_s: u64,
@@ -300,6 +303,7 @@ impl CounterSnapshot {
             l1_hits: c.l1_hits.get(),
             page_reads: l(&c.page_reads),
             page_writes: l(&c.page_writes),
+            pages_written_behind: l(&c.pages_written_behind),
             readahead_pages: l(&c.readahead_pages),
             lazy_writes: l(&c.lazy_writes),
             // Until something is evicted, pages have lived as long as the pool.
@@ -377,6 +381,11 @@ impl CounterSnapshot {
                 Base,
             ),
             r("Page writes/sec", self.page_writes, Cumulative),
+            r(
+                "Write-behind pages/sec",
+                self.pages_written_behind,
+                Cumulative,
+            ),
             r("Readahead pages/sec", self.readahead_pages, Cumulative),
             r("Lazy writes/sec", self.lazy_writes, Cumulative),
             r("Page life expectancy", self.page_life_expectancy_s, Gauge),

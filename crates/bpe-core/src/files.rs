@@ -514,6 +514,11 @@ impl FileRegistry {
         self.by_identity.values().map(|e| &e.file)
     }
 
+    /// Every file the registry holds (open, and closed but retained).
+    pub(crate) fn handles(&self) -> Vec<FileHandle> {
+        self.by_identity.values().map(|e| e.file.clone()).collect()
+    }
+
     pub fn infos(&self) -> Vec<FileInfo> {
         let mut v: Vec<FileInfo> = self
             .by_identity

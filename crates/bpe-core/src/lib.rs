@@ -39,8 +39,8 @@ pub mod sync;
 pub use config::{Config, DeviceEmulation, Sharing};
 pub use counters::{CounterKind, CounterRow, CounterSnapshot, HistogramSnapshot};
 pub use engine::{
-    check_extension_size, check_max_memory, effective_extension_size, BufferDescriptor, Engine,
-    ExtensionState, ExtensionStatus, PageRead, PinnedPage, SettingChange, Settings, Via,
+    check_extension_size, check_max_memory, effective_extension_size, BehindLog, BufferDescriptor,
+    Engine, ExtensionState, ExtensionStatus, PageRead, PinnedPage, SettingChange, Settings, Via,
 };
 pub use error::{Error, ExtensionRefusal, Result};
 /// The shared extension's protocol (one index for the processes of a machine), public with the

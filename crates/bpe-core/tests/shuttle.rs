@@ -167,6 +167,89 @@ fn l1_and_l2_with_the_extension_toggled_under_pct_schedules() {
     shuttle::check_pct(|| reads_writes_and_invalidations(true), iterations(150), 3);
 }
 
+/// A writer that writes pages behind and then writes them back, beside readers, evictions (the
+/// memory shrinks), drop-clean-buffers and the extension toggled: a read never returns a page
+/// older than the last one written behind, and the write-back leaves every page's last version
+/// in the file (read by a fresh engine). No whole-file invalidation: a writer holds the file's
+/// write lock while it has pages behind, so no other writer's commit can come in between.
+fn writes_behind(with_extension: bool) {
+    let dir = tempdir();
+    let path = make_tagged(dir.path(), 1);
+    let ext_path = dir.path().join("ext.bpe");
+    let engine = small_engine();
+    if with_extension {
+        engine.enable_extension(&ext_path, 2 << 20).unwrap();
+    }
+    let file = engine.open_file(&path, PAGE).unwrap();
+    let model: Arc<Vec<AtomicU64>> = Arc::new((0..PAGES).map(|_| AtomicU64::new(1000)).collect());
+    let mut threads = Vec::new();
+    for t in 0..2u64 {
+        let (engine, file, model) = (engine.clone(), file.clone(), model.clone());
+        threads.push(thread::spawn(move || {
+            for i in 0..4 {
+                checked_read(&engine, &file, (t * 5 + i) % PAGES, &model, 1);
+            }
+        }));
+    }
+    {
+        let (engine, file, model) = (engine.clone(), file.clone(), model.clone());
+        threads.push(thread::spawn(move || {
+            let mut log = bpe_core::BehindLog::default();
+            for (i, page) in [1u64, 6, 1, 2].into_iter().enumerate() {
+                let version = 1001 + i as u64;
+                let bytes = page_bytes(page, version, PAGE);
+                engine
+                    .write_page_behind(&file, page, &bytes, bpe_core::Via(None), &mut log)
+                    .unwrap();
+                model[page as usize].store(version, SeqCst);
+            }
+            engine
+                .write_back(&file, &mut log, bpe_core::Via(None))
+                .unwrap();
+        }));
+    }
+    {
+        let (engine, ext_path) = (engine.clone(), ext_path.clone());
+        threads.push(thread::spawn(move || {
+            engine.drop_clean_buffers();
+            let _ = engine.set_max_memory(40 << 10);
+            if with_extension {
+                let _ = engine.disable_extension();
+                let _ = engine.enable_extension(&ext_path, 3 << 20);
+            }
+            engine.drop_clean_buffers();
+        }));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    for p in 0..PAGES {
+        checked_read(&engine, &file, p, &model, 1);
+    }
+    engine.check_invariants();
+    assert_eq!(engine.dirty_bytes(), 0);
+    let _ = engine.disable_extension();
+    engine.close_file(&file);
+    let fresh = small_engine();
+    let file = fresh.open_file(&path, PAGE).unwrap();
+    for p in 0..PAGES {
+        let mut buf = vec![0u8; PAGE];
+        fresh.read_page(&file, p, &mut buf).unwrap();
+        let want = model[p as usize].load(SeqCst);
+        assert_eq!(decode(&buf), Some((p, want)), "page {p} in the file");
+    }
+}
+
+#[test]
+fn write_behind_under_random_schedules() {
+    shuttle::check_random(|| writes_behind(true), iterations(150));
+}
+
+#[test]
+fn write_behind_under_pct_schedules() {
+    shuttle::check_pct(|| writes_behind(false), iterations(150), 3);
+}
+
 /// Two files opened, read, invalidated and closed from several threads: a read never returns
 /// the other file's bytes, whatever the order of opens, closes and new keys.
 fn files_come_and_go() {

@@ -10,6 +10,7 @@
 //! | `BPE_EXTENSION_SHARED` | `0` to make an extension enabled without saying (`SHARED = ON|OFF` of the ON statement says) this process's own: refused while another process uses its path, checkpointed into its file so that even a reboot restarts warm (default `1`: shared with the other processes of this user that enable one at the same path, one ring and one index in shared memory for all of them; see docs/DESIGN.md) |
 //! | `BPE_DIRECT_IO` | `0` to read data files through the OS page cache (default `1`) |
 //! | `BPE_READAHEAD` | `0` to turn readahead off (default `1`) |
+//! | `BPE_WRITE_BEHIND` | `0` to write every page to the database file at once; by default a writer in rollback mode keeps its page writes in RAM until its sync or unlock, and a page SQLite spills many times in one transaction reaches the file once (default `1`) |
 //! | `BPE_DATA_LATENCY_US`, `BPE_DATA_WRITE_LATENCY_US`, `BPE_DATA_SYNC_LATENCY_US` | emulate a slow data device (benchmarks only): microseconds per read, per write, per sync (at most 1 s) |
 //! | `BPE_DATA_READ_MBPS`, `BPE_DATA_WRITE_MBPS` | its bandwidth in MB/s (10^6 bytes; 0 or unset: unlimited, else at least 1): a request takes its latency plus its size / bandwidth |
 //! | `BPE_DATA_IOPS`, `BPE_DATA_WRITE_IOPS` | its read and write IOPS caps (0 or unset: none), across all threads |
@@ -187,6 +188,9 @@ impl EnvConfig {
         }
         if let Some(v) = var("BPE_READAHEAD") {
             config.readahead = flag("BPE_READAHEAD", &v)?;
+        }
+        if let Some(v) = var("BPE_WRITE_BEHIND") {
+            config.write_behind = flag("BPE_WRITE_BEHIND", &v)?;
         }
         if let Some(v) = var("BPE_EXTENSION_SHARED") {
             config.shared_extension = flag("BPE_EXTENSION_SHARED", &v)?;

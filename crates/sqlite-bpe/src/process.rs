@@ -184,14 +184,14 @@ pub fn existing() -> Option<Arc<Engine>> {
 fn install_hooks() {
     HOOKS.call_once(|| {
         // SAFETY: the handlers are extern "C", never unwind, and only lock, unlock and touch
-        // atomics and one descriptor.
+        // atomics and descriptors.
         unsafe {
             libc::pthread_atfork(
                 Some(before_fork),
                 Some(after_fork_parent),
                 Some(after_fork_child),
             );
-            libc::atexit(close_extension_at_exit);
+            libc::atexit(at_exit);
         }
     });
 }
@@ -269,12 +269,15 @@ extern "C" fn after_fork_child() {
     SLOT.force_unlock();
 }
 
-extern "C" fn close_extension_at_exit() {
+/// At exit: the pages still written behind go to their files (see `Engine::write_back_at_exit`),
+/// then the extension's last checkpoint.
+extern "C" fn at_exit() {
     let Some(slot) = SLOT.try_lock() else {
         return;
     };
     if let Some((gen, creator, engine)) = slot.as_ref() {
         if *gen == generation() && *creator == pid() {
+            engine.write_back_at_exit();
             engine.close_extension_at_exit();
         }
     }

@@ -318,6 +318,7 @@ fn bad_environment_settings_fail_the_load_naming_the_variable() {
         ("BPE_EXTENSION_SIZE", "12 parsecs", "BPE_EXTENSION_SIZE"),
         ("BPE_DIRECT_IO", "maybe", "BPE_DIRECT_IO"),
         ("BPE_READAHEAD", "2", "BPE_READAHEAD"),
+        ("BPE_WRITE_BEHIND", "later", "BPE_WRITE_BEHIND"),
         ("BPE_DATA_IOPS", "-4", "BPE_DATA_IOPS"),
     ] {
         let out = std::process::Command::new(sqlite3_shell().unwrap())

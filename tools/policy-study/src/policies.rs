@@ -192,6 +192,7 @@ impl Policy for Ours {
                     prefetched: false,
                     current_key: None,
                     shared: None,
+                    dirty: false,
                 };
                 self.pool
                     .finish_load(ticket, frame, LoadSource::DataFile, &NoSink);

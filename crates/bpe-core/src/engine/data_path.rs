@@ -330,6 +330,7 @@ impl Engine {
             prefetched,
             current_key: Some(file.key_cell().clone()),
             shared,
+            dirty: false,
         }
     }
 
@@ -507,22 +508,7 @@ impl Engine {
         if let Some(ext) = &ext {
             ext.invalidate_page(file, key);
         }
-        let own = file.data();
-        let device: Option<&dyn DataDevice> = match (via.0, own.as_deref()) {
-            (Some(v), _) => Some(v),
-            (None, Some(d)) => Some(d),
-            (None, None) => None,
-        };
-        let written = match device {
-            Some(device) => Instrumented {
-                inner: device,
-                emulator: self.emulator.as_deref(),
-                faults: &self.faults,
-            }
-            .write_at(page * page_size as u64, data),
-            None => Err(std::io::Error::other("the file is not open")),
-        };
-        match written {
+        match self.write_to_file(file, page, data, via) {
             Ok(()) => {
                 Counters::bump(&self.counters.page_writes);
                 // A shared extension is told again now the bytes are in the file (see
@@ -539,6 +525,7 @@ impl Engine {
                     prefetched: false,
                     current_key: Some(file.key_cell().clone()),
                     shared,
+                    dirty: false,
                 };
                 self.pool.finish_write(ticket, Some(frame), self);
                 Ok(())
@@ -555,6 +542,34 @@ impl Engine {
                     source,
                 })
             }
+        }
+    }
+
+    /// Writes one page's bytes to the data file through `via` (or the file's own descriptor),
+    /// charged to the emulated device and subject to injected faults. The page's offset is
+    /// counted in pages of its own size (a page written behind before SQLite changed the page
+    /// size is written back where it was written).
+    pub(super) fn write_to_file(
+        &self,
+        file: &FileHandle,
+        page: u64,
+        data: &[u8],
+        via: Via<'_>,
+    ) -> std::io::Result<()> {
+        let own = file.data();
+        let device: Option<&dyn DataDevice> = match (via.0, own.as_deref()) {
+            (Some(v), _) => Some(v),
+            (None, Some(d)) => Some(d),
+            (None, None) => None,
+        };
+        match device {
+            Some(device) => Instrumented {
+                inner: device,
+                emulator: self.emulator.as_deref(),
+                faults: &self.faults,
+            }
+            .write_at(page * data.len() as u64, data),
+            None => Err(std::io::Error::other("the file is not open")),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The engine: one RAM buffer pool (L1), at most one extension (L2), and the data files under them.
 //!
-//! - `data_path.rs`: where a page goes on a read and on a write (the only place).
+//! - `data_path.rs`: where a page goes on a read and on a write (the only place), but for
+//! - `write_behind.rs`: a write held in L1 until its writer writes it back.
 //! - `lifecycle.rs`: the extension's lifecycle (enable, disable, resize, retire), one state
 //!   machine.
 //! - `admin.rs`: the other operator settings (memory, drop clean buffers) and the checks.
@@ -17,6 +18,7 @@ mod lifecycle;
 mod observe;
 mod prefetch;
 mod warm;
+mod write_behind;
 
 pub use admin::{
     check_extension_size, check_max_memory, effective_extension_size, SettingChange, Settings,
@@ -24,6 +26,7 @@ pub use admin::{
 pub use data_path::{PageRead, PinnedPage, Via};
 pub use lifecycle::{ExtensionState, ExtensionStatus};
 pub use observe::BufferDescriptor;
+pub use write_behind::BehindLog;
 
 use crate::config::{Config, INDEX_BUDGET_DIVISOR};
 use crate::counters::Counters;

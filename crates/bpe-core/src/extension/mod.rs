@@ -348,6 +348,15 @@ impl Extension {
     /// writer is behind, the page is not admitted (and is offered again when it leaves RAM). A
     /// page whose unchanged copy is already here is not written again.
     pub fn admit(&self, frame: &Arc<Frame>) {
+        // Clean pages only: a dirty frame's bytes are not in the data file yet (the pool never
+        // evicts one; this is where the invariant is checked).
+        debug_assert!(
+            !frame.is_dirty(),
+            "a dirty page was offered to the extension"
+        );
+        if frame.is_dirty() {
+            return;
+        }
         if self.failed.load(Relaxed) || self.stopping.load(Relaxed) || !frame.is_current() {
             return;
         }

@@ -3,7 +3,10 @@
 use super::slab::Slot;
 use crate::config::L1_FRAME_OVERHEAD;
 use crate::page::{PageKey, SharedRead};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicU64, AtomicU8,
+    Ordering::{AcqRel, Acquire, Relaxed},
+};
 use std::sync::Arc;
 
 pub struct Frame {
@@ -15,6 +18,9 @@ pub struct Frame {
     /// Brought in by readahead and not yet read: its first read is not a re-reference.
     prefetched: AtomicBool,
     resident: AtomicBool,
+    /// Written by the writer but not yet to the data file (write-behind, see `BufferPool`): the
+    /// only copy of these bytes. Set only at install; cleared once they are in the file.
+    dirty: AtomicBool,
     pub loaded_ms: u64,
     pub last_access_ms: AtomicU64,
     /// Microseconds the read that brought this page in took.
@@ -38,6 +44,8 @@ pub struct NewFrame<'a> {
     pub prefetched: bool,
     pub current_key: Option<Arc<AtomicU32>>,
     pub shared: Option<SharedRead>,
+    /// Not yet in the data file: see [`Frame::is_dirty`].
+    pub dirty: bool,
 }
 
 impl NewFrame<'_> {
@@ -56,12 +64,20 @@ impl Frame {
             freq: AtomicU8::new(0),
             prefetched: AtomicBool::new(new.prefetched),
             resident: AtomicBool::new(true),
+            dirty: AtomicBool::new(new.dirty),
             loaded_ms: new.now_ms,
             last_access_ms: AtomicU64::new(new.now_ms),
             read_micros: new.read_micros,
             current_key: new.current_key,
             shared: new.shared,
         }
+    }
+
+    /// Whether this is a page of the file whose key lives in `cell` (whatever its key now).
+    pub fn is_of(&self, cell: &Arc<AtomicU32>) -> bool {
+        self.current_key
+            .as_ref()
+            .is_some_and(|k| Arc::ptr_eq(k, cell))
     }
 
     /// False once the file's pages were forgotten as a whole (it has a new key).
@@ -89,6 +105,17 @@ impl Frame {
 
     pub fn is_resident(&self) -> bool {
         self.resident.load(Relaxed)
+    }
+
+    /// True while the frame holds bytes the data file does not have yet: it may leave L1 only
+    /// by being written back, replaced by a newer write, or truncated away.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty.load(Acquire)
+    }
+
+    /// Clears the dirty flag; true if it was set (exactly one caller sees true).
+    pub(super) fn take_dirty(&self) -> bool {
+        self.dirty.swap(false, AcqRel)
     }
 
     pub(super) fn set_evicted(&self) {

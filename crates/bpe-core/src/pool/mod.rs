@@ -3,6 +3,13 @@
 //! The page table is split into shards, each behind its own lock, so a hit takes one shard's read
 //! lock and never a global one. Misses and evictions go through the replacer's lock; they are
 //! about to do I/O anyway. The memory bound is enforced in [`BufferPool::make_room`] and nowhere else.
+//!
+//! Write-behind: a write may install its page *dirty* ([`BufferPool::reserve_dirty`]), its bytes
+//! not yet in the data file; the writer writes it back later ([`BufferPool::mark_clean`] once
+//! the file has it). A dirty frame is L1's only copy of those bytes, so it never leaves L1 but by
+//! a newer write of the page or a truncation: the replacer passes it over, dropping clean
+//! buffers keeps it, and the extension never sees it (it is offered only when evicted). Dirty
+//! frames take at most 1/[`WRITE_BEHIND_SHARE`] of the target.
 
 mod frame;
 mod pending;
@@ -15,7 +22,7 @@ pub use pending::Pending;
 pub use slab::CHUNK_BYTES;
 pub use slab::{Slab, Slot};
 
-use crate::config::{physical_memory, L1_SLAB_SLACK, SLOT_EVICTIONS};
+use crate::config::{physical_memory, L1_SLAB_SLACK, SLOT_EVICTIONS, WRITE_BEHIND_SHARE};
 use crate::page::{FileKey, PageKey, PageKeyHash};
 use crate::sync::{Mutex, Rank, RwLock};
 use replacer::Replacer;
@@ -71,6 +78,8 @@ pub struct BufferPool {
     /// What L1 may use: max server memory less the extension index.
     target: AtomicU64,
     live_frames: AtomicUsize,
+    /// Bytes charged by dirty frames (part of `used`).
+    dirty_bytes: AtomicU64,
     /// Where the frames' bytes live: at most the target plus [`L1_SLAB_SLACK`] of it in use.
     slab: Slab,
 }
@@ -89,6 +98,7 @@ impl BufferPool {
             used: AtomicU64::new(0),
             target: AtomicU64::new(target_bytes),
             live_frames: AtomicUsize::new(0),
+            dirty_bytes: AtomicU64::new(0),
         }
     }
 
@@ -144,7 +154,8 @@ impl BufferPool {
         source: LoadSource,
         sink: &dyn EvictionSink,
     ) -> bool {
-        self.release(&ticket, Some(frame), Some(source), sink)
+        let frame = self.build(frame, sink);
+        self.release(&ticket, frame, Some(source), sink)
     }
 
     /// Gives up a load (the I/O failed): nothing is cached, waiters retry.
@@ -186,23 +197,84 @@ impl BufferPool {
         frame: Option<NewFrame<'_>>,
         sink: &dyn EvictionSink,
     ) {
+        let frame = frame.and_then(|f| self.build(f, sink));
         self.release(&ticket, frame, None, sink);
     }
 
-    /// Ends a ticket, installing `frame` unless the ticket was invalidated (or it cannot fit).
+    /// Room for a dirty frame of `charge` bytes and `page_size`, taken before its write starts
+    /// so that the frame is sure to be installed (its bytes are then nowhere else). None when
+    /// dirty frames already take their share of the target, or L1 has no room: the caller then
+    /// writes the page through.
+    pub fn reserve_dirty(
+        &self,
+        charge: u64,
+        page_size: usize,
+        sink: &dyn EvictionSink,
+    ) -> Option<Slot> {
+        let share = self.target.load(Relaxed) / WRITE_BEHIND_SHARE;
+        if self.dirty_bytes.load(Relaxed) + charge > share {
+            return None;
+        }
+        self.make_room(Some((charge, page_size)), sink)
+    }
+
+    /// Ends a write by installing its page dirty in the slot [`BufferPool::reserve_dirty`] gave.
+    pub fn finish_write_dirty(
+        &self,
+        ticket: Ticket,
+        frame: NewFrame<'_>,
+        slot: Slot,
+        sink: &dyn EvictionSink,
+    ) {
+        debug_assert!(
+            frame.dirty,
+            "a frame installed through write-behind is dirty"
+        );
+        let frame = Arc::new(Frame::install(frame, slot));
+        // A write's ticket is never invalidated (only loads are), so this installs it.
+        let installed = self.release(&ticket, Some(frame), None, sink);
+        debug_assert!(installed);
+    }
+
+    /// The page's bytes are in the data file now: the frame may leave L1 like any other.
+    pub fn mark_clean(&self, frame: &Frame) {
+        if frame.take_dirty() {
+            self.dirty_bytes.fetch_sub(frame.charge(), Relaxed);
+        }
+    }
+
+    /// Drops the page's frame if it is dirty: its write to the data file failed, so the file is
+    /// what the page is now, as after a failed write through.
+    pub fn discard_dirty(&self, key: PageKey) {
+        let mut shard = self.shard(&key).write();
+        if shard.frames.get(&key).is_some_and(|f| f.is_dirty()) {
+            if let Some(old) = shard.frames.remove(&key) {
+                self.forget(&old);
+            }
+        }
+    }
+
+    /// Bytes charged by dirty frames.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_bytes.load(Relaxed)
+    }
+
+    /// The frame of `f`, its bytes copied into a slot reserved for it; None if it cannot fit
+    /// (the page is then served but not cached).
+    fn build(&self, f: NewFrame<'_>, sink: &dyn EvictionSink) -> Option<Arc<Frame>> {
+        let slot = self.make_room(Some((f.charge(), f.data.len())), sink)?;
+        Some(Arc::new(Frame::install(f, slot)))
+    }
+
+    /// Ends a ticket, installing `frame` unless the ticket was invalidated.
     /// Returns false when the ticket was invalidated: the caller's bytes may predate a write.
     fn release(
         &self,
         ticket: &Ticket,
-        frame: Option<NewFrame<'_>>,
+        frame: Option<Arc<Frame>>,
         loaded_from: Option<LoadSource>,
         sink: &dyn EvictionSink,
     ) -> bool {
-        // The frame's bytes and slot are reserved before it is installed (or it is not cached).
-        let frame = frame.and_then(|f| {
-            let slot = self.make_room(Some((f.charge(), f.data.len())), sink)?;
-            Some(Arc::new(Frame::install(f, slot)))
-        });
         let mut shard = self.shard(&ticket.key).write();
         remove_if_same(&mut shard.pending, &ticket.key, &ticket.pending);
         // Checked under the shard lock, the same lock begin_write invalidates under: a write that
@@ -218,6 +290,9 @@ impl BufferPool {
         };
         if let Some(f) = &frame {
             self.live_frames.fetch_add(1, Relaxed);
+            if f.is_dirty() {
+                self.dirty_bytes.fetch_add(f.charge(), Relaxed);
+            }
             if let Some(old) = shard.frames.insert(ticket.key, f.clone()) {
                 self.forget(&old);
             }
@@ -284,6 +359,7 @@ impl BufferPool {
     /// Accounting for a frame leaving the page table (the caller holds its shard lock).
     fn forget(&self, frame: &Frame) {
         frame.set_evicted();
+        self.mark_clean(frame);
         self.used.fetch_sub(frame.charge(), Relaxed);
         self.live_frames.fetch_sub(1, Relaxed);
     }
@@ -295,15 +371,16 @@ impl BufferPool {
         self.slab.set_limit(bytes + L1_SLAB_SLACK);
     }
 
-    /// Drops every cached page of `file` (or of every file), without offering them to L2.
+    /// Drops every clean cached page of `file` (or of every file), without offering them to L2.
+    /// Dirty pages stay: they are not in the data file yet.
     pub fn invalidate(&self, file: Option<FileKey>) {
         for shard in &self.shards {
             let mut shard = shard.write();
             let keys: Vec<PageKey> = shard
                 .frames
-                .keys()
-                .filter(|k| file.is_none_or(|f| k.file == f))
-                .copied()
+                .iter()
+                .filter(|(k, f)| file.is_none_or(|f| k.file == f) && !f.is_dirty())
+                .map(|(k, _)| *k)
                 .collect();
             for k in keys {
                 if let Some(old) = shard.frames.remove(&k) {
@@ -325,7 +402,9 @@ impl BufferPool {
     }
 
     /// Forgets one page: its frame, and any load of it in flight (which then installs nothing).
-    /// For pages another process changed; a write of ours in flight is left alone.
+    /// For pages another process changed; a write of ours in flight, or not yet written back
+    /// (dirty), is left alone: no other process writes a page while ours is dirty (the writer
+    /// holds the file's write lock until it wrote its pages back).
     pub fn forget_page(&self, key: PageKey) {
         let mut shard = self.shard(&key).write();
         if let Some(p) = shard.pending.get(&key) {
@@ -333,8 +412,10 @@ impl BufferPool {
                 p.invalidate();
             }
         }
-        if let Some(old) = shard.frames.remove(&key) {
-            self.forget(&old);
+        if shard.frames.get(&key).is_some_and(|f| !f.is_dirty()) {
+            if let Some(old) = shard.frames.remove(&key) {
+                self.forget(&old);
+            }
         }
     }
 
@@ -394,9 +475,17 @@ impl BufferPool {
             self.slab.live_bytes()
         );
         assert_eq!(charged, self.used_bytes(), "L1 accounting drifted");
+        let dirty: u64 = frames
+            .iter()
+            .filter(|f| f.is_dirty())
+            .map(|f| f.charge())
+            .sum();
+        assert_eq!(dirty, self.dirty_bytes(), "dirty accounting drifted");
+        // Over the target only after it shrank below the dirty frames, which cannot leave before
+        // their writer writes them back: then every clean frame has gone.
         assert!(
-            charged <= self.target_bytes(),
-            "L1 holds {charged} bytes, over its target {}",
+            charged <= self.target_bytes() || charged == dirty,
+            "L1 holds {charged} bytes ({dirty} dirty), over its target {}",
             self.target_bytes()
         );
         assert!(frames.iter().all(|f| f.is_resident()));

@@ -42,10 +42,18 @@ impl Replacer {
         }
     }
 
-    /// Picks the next victim among live frames, or None when nothing is queued.
+    /// Picks the next victim among live clean frames, or None when nothing is queued or every
+    /// queued frame is dirty (a dirty frame goes back to main: its bytes are not in the data
+    /// file yet, so it cannot leave L1).
     pub fn pick_victim(&mut self, target_bytes: u64, live_frames: usize) -> Option<Arc<Frame>> {
+        let mut dirty_seen = 0;
         loop {
             if self.small.is_empty() && self.main.is_empty() {
+                return None;
+            }
+            // Four passes bring every clean frame's counter (at most 3) to 0: past them, only
+            // dirty frames are left.
+            if dirty_seen > 4 * (self.small.len() + self.main.len()) {
                 return None;
             }
             let from_small = !self.small.is_empty()
@@ -56,6 +64,11 @@ impl Replacer {
                 let Some(frame) = entry.0.upgrade().filter(|f| f.is_resident()) else {
                     continue;
                 };
+                if frame.is_dirty() {
+                    dirty_seen += 1;
+                    self.main.push_back(entry);
+                    continue;
+                }
                 if frame.freq.load(Relaxed) > 0 {
                     frame.freq.store(0, Relaxed);
                     self.main.push_back(entry);
@@ -68,6 +81,11 @@ impl Replacer {
                 let Some(frame) = entry.0.upgrade().filter(|f| f.is_resident()) else {
                     continue;
                 };
+                if frame.is_dirty() {
+                    dirty_seen += 1;
+                    self.main.push_back(entry);
+                    continue;
+                }
                 let f = frame.freq.load(Relaxed);
                 if f > 0 {
                     frame.freq.store(f - 1, Relaxed);

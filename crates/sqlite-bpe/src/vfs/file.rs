@@ -12,7 +12,7 @@ use super::replica_pos::ReplicaPos;
 use super::unix_file::{self, unix, UnixFile};
 use crate::api;
 use crate::ffi::guard;
-use bpe_core::{DeviceOp, Engine, Error, FileHandle, OpenRequest, PinnedPage, Via};
+use bpe_core::{BehindLog, DeviceOp, Engine, Error, FileHandle, OpenRequest, PinnedPage, Via};
 use bpe_core::{FileIdentity, FileStamp};
 use libsqlite3_sys::*;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -68,6 +68,9 @@ pub struct Conn {
     pins: Vec<PinnedPage>,
     /// SQLite's `mmap_size` for this file: `xFetch` serves pages below it.
     mmap_limit: i64,
+    /// Pages written behind under this connection's EXCLUSIVE lock, written back before
+    /// anything else may look at the file (see `Conn::write_back`).
+    behind: BehindLog,
 }
 
 impl Conn {
@@ -99,6 +102,7 @@ impl Conn {
             replica_pos: ReplicaPos::find(path),
             pins: Vec::new(),
             mmap_limit: 0,
+            behind: BehindLog::default(),
         })
     }
 
@@ -255,6 +259,14 @@ unsafe extern "C" fn close(f: *mut sqlite3_file) -> c_int {
             let mut conn = Box::from_raw((*bf).conn);
             (*bf).conn = std::ptr::null_mut();
             let moved = conn.follow_fork();
+            if moved.is_ok() && conn.write_back_or_discard(real(f)) != SQLITE_OK {
+                // Nothing is left to retry it: the file is what the pages are.
+                let why = format!(
+                    "{}: pages written behind could not be written back at close",
+                    conn.path.display()
+                );
+                crate::api::log(SQLITE_IOERR_WRITE, &why);
+            }
             let rc = close_real(real(f));
             if moved.is_ok() && conn.engine.close_file(&conn.handle) {
                 conn.watch.closed();
@@ -294,6 +306,10 @@ unsafe extern "C" fn read(f: *mut sqlite3_file, buf: *mut c_void, amt: c_int, of
             }
         }
         // Not a page (the header): SQLite's own buffered read, coherent with every writer.
+        let rc = conn.write_back(real);
+        if rc != SQLITE_OK {
+            return rc;
+        }
         unix!(real, xRead, buf, amt, off)
     })
 }
@@ -364,21 +380,42 @@ unsafe extern "C" fn write(
         if page_shaped(amt, off) {
             match adopt_page_size(conn, amt) {
                 Err(()) => return SQLITE_IOERR_WRITE,
-                // Peers cannot follow a page-size change page by page.
-                Ok(true) => conn.txn_unloggable = true,
+                Ok(true) => {
+                    // Peers cannot follow a page-size change page by page.
+                    conn.txn_unloggable = true;
+                    // Pages of the old size go first, so that no later write of the file's
+                    // bytes is overwritten by an earlier one.
+                    let rc = conn.write_back(real);
+                    if rc != SQLITE_OK {
+                        return rc;
+                    }
+                }
                 Ok(false) => {}
             }
             let device = UnixFile(real);
             let page = off as u64 / amt as u64;
-            if let Err(e) = conn
-                .engine
-                .write_page_via(&conn.handle, page, data, Via(Some(&device)))
-            {
+            let written = if conn.may_write_behind() {
+                conn.engine.write_page_behind(
+                    &conn.handle,
+                    page,
+                    data,
+                    Via(Some(&device)),
+                    &mut conn.behind,
+                )
+            } else {
+                conn.engine
+                    .write_page_via(&conn.handle, page, data, Via(Some(&device)))
+            };
+            if let Err(e) = written {
                 return io_code(&e, SQLITE_IOERR_WRITE);
             }
             conn.txn_pages.push(page);
         } else {
             // Not a page: write it as SQLite asked and forget what we cached of the file.
+            let rc = conn.write_back(real);
+            if rc != SQLITE_OK {
+                return rc;
+            }
             conn.txn_unloggable = true;
             conn.engine
                 .charge_data_device(DeviceOp::Write(amt.max(0) as u64));
@@ -408,6 +445,10 @@ unsafe extern "C" fn truncate(f: *mut sqlite3_file, size: i64) -> c_int {
         // was told of (its test builds count an injected error as hit) must not end in a
         // success (issue 24: ioerr2.test 7.215.3 committed after an injected fstat error).
         conn.size_at_lock = None;
+        let rc = conn.write_back(real);
+        if rc != SQLITE_OK {
+            return rc;
+        }
         let mut before: i64 = 0;
         let probe = unix!(real, xFileSize, &mut before);
         if probe != SQLITE_OK {
@@ -440,6 +481,10 @@ unsafe extern "C" fn sync(f: *mut sqlite3_file, flags: c_int) -> c_int {
     method!(f, SQLITE_IOERR_FSYNC, "xSync", |conn, real| {
         // fsync through the unix descriptor flushes the inode, our writes included.
         conn.size_at_lock = None;
+        let rc = conn.write_back(real);
+        if rc != SQLITE_OK {
+            return rc;
+        }
         conn.engine.charge_data_device(DeviceOp::Sync);
         let rc = unix!(real, xSync, flags);
         if rc == SQLITE_OK {
@@ -455,6 +500,11 @@ unsafe extern "C" fn file_size(f: *mut sqlite3_file, size: *mut i64) -> c_int {
             // SAFETY: SQLite passes a writable i64.
             unsafe { *size = s };
             return SQLITE_OK;
+        }
+        // Pages written behind past the end make the file longer.
+        let rc = conn.write_back(real);
+        if rc != SQLITE_OK {
+            return rc;
         }
         unix!(real, xFileSize, size)
     })
@@ -500,6 +550,9 @@ unsafe extern "C" fn lock(f: *mut sqlite3_file, level: c_int) -> c_int {
 unsafe extern "C" fn unlock(f: *mut sqlite3_file, level: c_int) -> c_int {
     method!(f, SQLITE_IOERR_UNLOCK, "xUnlock", |conn, real| {
         conn.size_at_lock = None;
+        // Before the lock goes: from then on other connections may read the file. On a failure
+        // the pages leave L1 (the file is what they are now); the lock still goes.
+        let written_back = conn.write_back_or_discard(real);
         if std::mem::take(&mut conn.wrote) {
             // Our writes, accepted (and in rollback mode logged for the other bpe processes)
             // while still under the lock they were made under.
@@ -520,7 +573,11 @@ unsafe extern "C" fn unlock(f: *mut sqlite3_file, level: c_int) -> c_int {
                 conn.header = None;
             }
         }
-        rc
+        if rc == SQLITE_OK {
+            written_back
+        } else {
+            rc
+        }
     })
 }
 
@@ -537,6 +594,14 @@ unsafe extern "C" fn file_control(f: *mut sqlite3_file, op: c_int, arg: *mut c_v
     method!(f, SQLITE_ERROR, "xFileControl", |conn, real| {
         // A size hint may grow the file.
         conn.size_at_lock = None;
+        // Any other operation may look at the file's bytes (a size hint only grows it, and
+        // SQLite gives one while it spills pages, which write-behind is for).
+        if op != SQLITE_FCNTL_SIZE_HINT {
+            let rc = conn.write_back(real);
+            if rc != SQLITE_OK {
+                return rc;
+            }
+        }
         if op == SQLITE_FCNTL_PRAGMA {
             if let Some(rc) = bpe_pragma(arg) {
                 return rc;
@@ -754,6 +819,45 @@ impl Conn {
             if unix!(real, xFileControl, SQLITE_FCNTL_MMAP_SIZE, q) == SQLITE_OK {
                 self.mmap_limit = now;
             }
+        }
+        rc
+    }
+
+    /// Whether a page write may be held in L1 until `write_back`: only under an EXCLUSIVE lock
+    /// in rollback mode (no wal-index), which no reader in any process gets past before the
+    /// unlock writes the pages back. A WAL checkpoint writes under a SHARED lock while readers
+    /// read the file, so it writes through.
+    fn may_write_behind(&self) -> bool {
+        self.lock == SQLITE_LOCK_EXCLUSIVE && self.shm0.is_null()
+    }
+
+    /// Writes the pages written behind to the file (SQLite's own write method), before anything
+    /// else may look at it. On a failure SQLite gets the write's error (at xSync it then rolls
+    /// the transaction back from its journal, as after a failed xWrite) and the pages stay, for
+    /// the next call: SQLite ignores the result of some file controls (a WAL checkpoint's
+    /// `SQLITE_FCNTL_CKPT_DONE`), and the truncation or sync that follows must not find them
+    /// gone (walfault.test 13.2 with transient I/O errors).
+    fn write_back(&mut self, real: *mut sqlite3_file) -> c_int {
+        if self.behind.is_empty() {
+            return SQLITE_OK;
+        }
+        let device = UnixFile(real);
+        match self
+            .engine
+            .write_back(&self.handle, &mut self.behind, Via(Some(&device)))
+        {
+            Ok(()) => SQLITE_OK,
+            Err(e) => io_code(&e, SQLITE_IOERR_WRITE),
+        }
+    }
+
+    /// `write_back` where the connection lets go of the file (its unlock, its close): on a
+    /// failure the pages leave L1, so that every reader sees the file as it is (with SQLite's
+    /// journal still hot: the next connection rolls it back).
+    fn write_back_or_discard(&mut self, real: *mut sqlite3_file) -> c_int {
+        let rc = self.write_back(real);
+        if rc != SQLITE_OK {
+            self.engine.discard_behind(&mut self.behind);
         }
         rc
     }

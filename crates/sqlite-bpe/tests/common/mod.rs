@@ -226,6 +226,7 @@ pub fn bpe_vars() -> impl Iterator<Item = &'static str> {
         "BPE_EXTENSION_SHARED",
         "BPE_DIRECT_IO",
         "BPE_READAHEAD",
+        "BPE_WRITE_BEHIND",
     ]
     .into_iter()
     .chain(sqlite_bpe::emulation_var_names())
