@@ -7,37 +7,20 @@
 //! Rounds alternate raw and L2 so that drifts of the machine hit both alike. Files live under
 //! target/ (the project's disk, where O_DIRECT works), not in /tmp.
 
+#[path = "support/mod.rs"]
+mod support;
 use bpe_core::{AlignedBuf, Config, Engine};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use support::measure;
 
 const PAGE: usize = 4096;
 const PAGES: u64 = 8192; // 32 MiB
 
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec for the call to fill in.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 /// A scrambled walk over all pages, so neither readahead nor the device's prefetch helps.
 fn page_at(i: u64) -> u64 {
     i.wrapping_mul(2_654_435_761) % PAGES
-}
-
-/// (wall µs, CPU µs) per call of `read` over `n` pages.
-fn measure(n: u64, start: u64, mut read: impl FnMut(u64)) -> (f64, f64) {
-    let (t, c) = (Instant::now(), thread_cpu());
-    for i in start..start + n {
-        read(page_at(i));
-    }
-    let per = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
-    (per(t.elapsed()), per(thread_cpu() - c))
 }
 
 fn main() {
@@ -83,12 +66,12 @@ fn main() {
     let mut sums = [(0.0, 0.0); 2];
     for r in 0..rounds {
         let start = r as u64 * reads;
-        let a = measure(reads, start, |p| {
+        let a = measure(reads, start, page_at, |p| {
             raw.read_exact_at(&mut aligned[..PAGE], p * PAGE as u64)
                 .unwrap()
         });
         let before = engine.counters();
-        let b = measure(reads, start, |p| {
+        let b = measure(reads, start, page_at, |p| {
             engine.read_page(&f, p, &mut buf).unwrap();
         });
         let after = engine.counters();

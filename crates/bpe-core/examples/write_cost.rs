@@ -13,37 +13,19 @@
 //! Every page is resident first (the fits-in-memory case: each write replaces a frame). Rounds
 //! alternate raw and engine so that drifts of the machine hit both alike.
 
+#[path = "support/mod.rs"]
+mod support;
 use bpe_core::{BehindLog, Config, Engine, Via};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use support::measure;
 
 const PAGE: usize = 4096;
 const PAGES: u64 = 32768; // 128 MiB
 
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec for the call to fill in.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 /// A scrambled walk over all pages: each write finds its frame cold, as in a large table.
 fn page_at(i: u64) -> u64 {
     i.wrapping_mul(2_654_435_761) % PAGES
-}
-
-/// (wall µs, CPU µs) per call of `write` over `n` pages.
-fn measure(n: u64, start: u64, mut write: impl FnMut(u64)) -> (f64, f64) {
-    let (t, c) = (Instant::now(), thread_cpu());
-    for i in start..start + n {
-        write(page_at(i));
-    }
-    let per = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
-    (per(t.elapsed()), per(thread_cpu() - c))
 }
 
 fn main() {
@@ -85,16 +67,18 @@ fn main() {
     for r in 0..rounds {
         let start = r as u64 * writes;
         buf[0] = r as u8;
-        let a = measure(writes, start, |p| {
+        let a = measure(writes, start, page_at, |p| {
             raw.write_all_at(&buf, p * PAGE as u64).unwrap()
         });
-        let b = measure(writes, start, |p| engine.write_page(&f, p, &buf).unwrap());
-        let behind = measure(writes, start, |p| {
+        let b = measure(writes, start, page_at, |p| {
+            engine.write_page(&f, p, &buf).unwrap()
+        });
+        let behind = measure(writes, start, page_at, |p| {
             engine
                 .write_page_behind(&f, p, &buf, Via(None), &mut log)
                 .unwrap()
         });
-        let back = measure(1, 0, |_| {
+        let back = measure(1, 0, page_at, |_| {
             engine.write_back(&f, &mut log, Via(None)).unwrap()
         });
         // The write-back's time, spread over the round's writes.

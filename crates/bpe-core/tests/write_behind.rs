@@ -72,6 +72,40 @@ fn a_page_written_behind_many_times_is_written_back_once_at_its_last_version() {
     engine.check_invariants();
 }
 
+/// A writer that spills the same few pages over and over keeps a log as long as its pages,
+/// not its writes (a transaction may spill millions of times).
+#[test]
+fn the_log_of_many_rewrites_of_few_pages_stays_short() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 64, PAGE);
+    let engine = engine(8 << 20);
+    let f = engine.open_file(&path, PAGE).unwrap();
+    let mut log = BehindLog::default();
+    for version in 1..=3000 {
+        let page = version % 10;
+        engine
+            .write_page_behind(
+                &f,
+                page,
+                &page_bytes(page, version, PAGE),
+                Via(None),
+                &mut log,
+            )
+            .unwrap();
+        assert!(
+            log.len() <= 1024,
+            "{} keys after {version} writes",
+            log.len()
+        );
+    }
+    engine.write_back(&f, &mut log, Via(None)).unwrap();
+    assert_eq!(engine.counters().page_writes, 10);
+    for page in 0..10 {
+        let last = 3000 - (10 - page) % 10;
+        assert_eq!(on_disk(&path, page), (page, last));
+    }
+}
+
 /// The pages written behind stay while a scan of the rest of the file evicts everything else
 /// (with an extension, which must never get them), and while clean buffers are dropped: read
 /// from the file instead, they would be a version behind.

@@ -31,9 +31,24 @@ pub struct BehindLog {
     /// The key each page was cached under when written (the write-back finds it there even if
     /// the file's key changed since).
     keys: Vec<PageKey>,
+    /// At this length the keys are sorted and deduplicated, so that a transaction that spills
+    /// the same pages millions of times keeps a log as long as its distinct pages, not its writes.
+    compact_at: usize,
 }
 
+/// A log shorter than this is never compacted.
+const LOG_COMPACT_MIN: usize = 1024;
+
 impl BehindLog {
+    fn push(&mut self, key: PageKey) {
+        self.keys.push(key);
+        if self.keys.len() >= self.compact_at.max(LOG_COMPACT_MIN) {
+            sort_dedup(&mut self.keys);
+            // Twice what is left: each compaction costs the pushes since the last one.
+            self.compact_at = 2 * self.keys.len();
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
@@ -93,7 +108,7 @@ impl Engine {
         };
         self.pool.finish_write_dirty(ticket, frame, slot, self);
         Counters::bump(&self.counters.pages_written_behind);
-        log.keys.push(key);
+        log.push(key);
         Ok(())
     }
 
@@ -108,8 +123,8 @@ impl Engine {
             return Ok(());
         }
         let mut keys = std::mem::take(&mut log.keys);
-        keys.sort_unstable_by_key(|k| (k.file, k.page));
-        keys.dedup();
+        log.compact_at = 0;
+        sort_dedup(&mut keys);
         let ext = self.extension.read().clone();
         for (i, &key) in keys.iter().enumerate() {
             let Some(frame) = self.pool.peek(key).filter(|f| f.is_dirty()) else {
@@ -178,4 +193,10 @@ impl Engine {
     pub fn dirty_bytes(&self) -> u64 {
         self.pool.dirty_bytes()
     }
+}
+
+/// In file then page order (the write-back's order), each key once.
+fn sort_dedup(keys: &mut Vec<PageKey>) {
+    keys.sort_unstable_by_key(|k| (k.file, k.page));
+    keys.dedup();
 }
