@@ -502,12 +502,7 @@ impl Engine {
         // The key stays until the write is done: see CachedFile::key_change.
         let _stable = file.key_stable();
         let key = PageKey::new(file.key(), page);
-        let ticket = self.pool.begin_write(key);
-        // After begin_write no eviction can re-admit the old bytes, so this drop is final.
-        let ext = self.extension.read().clone();
-        if let Some(ext) = &ext {
-            ext.invalidate_page(file, key);
-        }
+        let (ticket, ext) = self.start_write(file, key);
         match self.write_to_file(file, page, data, via) {
             Ok(()) => {
                 Counters::bump(&self.counters.page_writes);
@@ -517,16 +512,7 @@ impl Engine {
                     e.written(file, key);
                     e.read_under(file, key)
                 });
-                let frame = NewFrame {
-                    key,
-                    data,
-                    now_ms: self.now_ms(),
-                    read_micros: 0,
-                    prefetched: false,
-                    current_key: Some(file.key_cell().clone()),
-                    shared,
-                    dirty: false,
-                };
+                let frame = self.written_frame(file, key, data, shared, false);
                 self.pool.finish_write(ticket, Some(frame), self);
                 Ok(())
             }
@@ -542,6 +528,44 @@ impl Engine {
                     source,
                 })
             }
+        }
+    }
+
+    /// The start of any page write (through or behind): the page is marked being written in L1
+    /// (its copy dropped, loads in flight voided, readers wait), then its L2 copy is dropped;
+    /// after begin_write no eviction can re-admit the old bytes, so that drop is final. The
+    /// caller holds the file's key stable.
+    pub(super) fn start_write(
+        &self,
+        file: &FileHandle,
+        key: PageKey,
+    ) -> (Ticket, Option<Arc<Extension>>) {
+        let ticket = self.pool.begin_write(key);
+        let ext = self.extension.read().clone();
+        if let Some(ext) = &ext {
+            ext.invalidate_page(file, key);
+        }
+        (ticket, ext)
+    }
+
+    /// The frame a write installs: its bytes still in `data`, `dirty` if the file has them not.
+    pub(super) fn written_frame<'a>(
+        &self,
+        file: &FileHandle,
+        key: PageKey,
+        data: &'a [u8],
+        shared: Option<SharedRead>,
+        dirty: bool,
+    ) -> NewFrame<'a> {
+        NewFrame {
+            key,
+            data,
+            now_ms: self.now_ms(),
+            read_micros: 0,
+            prefetched: false,
+            current_key: Some(file.key_cell().clone()),
+            shared,
+            dirty,
         }
     }
 

@@ -21,7 +21,6 @@ use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::files::FileHandle;
 use crate::page::PageKey;
-use crate::pool::NewFrame;
 
 /// The pages one writer wrote behind and has not written back yet. The writer owns it and must
 /// hand it to [`Engine::write_back`] (or [`Engine::discard_behind`]) before it lets go of the
@@ -90,22 +89,10 @@ impl Engine {
         // The key stays until the write is done: see CachedFile::key_change.
         let _stable = file.key_stable();
         let key = PageKey::new(file.key(), page);
-        let ticket = self.pool.begin_write(key);
-        // As for a write through: after begin_write no eviction can re-admit the old bytes.
-        if let Some(ext) = self.extension.read().clone() {
-            ext.invalidate_page(file, key);
-        }
-        let frame = NewFrame {
-            key,
-            data,
-            now_ms: self.now_ms(),
-            read_micros: 0,
-            prefetched: false,
-            current_key: Some(file.key_cell().clone()),
-            // Not offered to a shared extension: it could not tell this copy from the file's.
-            shared: None,
-            dirty: true,
-        };
+        let (ticket, _) = self.start_write(file, key);
+        // Not offered to a shared extension (no read epoch): it could not tell this copy from
+        // the file's.
+        let frame = self.written_frame(file, key, data, None, true);
         self.pool.finish_write_dirty(ticket, frame, slot, self);
         Counters::bump(&self.counters.pages_written_behind);
         log.push(key);
