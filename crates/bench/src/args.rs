@@ -201,6 +201,15 @@ pub struct OltpArgs {
     /// Concurrent terminals (connections), each running the transaction mix.
     #[arg(long, default_value_t = 4)]
     pub terminals: u32,
+    /// Journal mode of every configuration. With `delete` (the rollback journal) there is no
+    /// WAL to checkpoint: the writers' queue is only the queue.
+    #[arg(long, value_enum, default_value_t = crate::db::Journal::Wal)]
+    pub journal: crate::db::Journal,
+    /// `PRAGMA synchronous` of every terminal, stock and bpe alike: `full` (SQLite's default:
+    /// a WAL commit waits for its `fsync`) or `normal` (SQLite's advice for WAL: commits do not
+    /// sync, checkpoints do; a power cut may lose the last commits, never consistency).
+    #[arg(long, value_enum, default_value_t = crate::db::Synchronous::Full)]
+    pub synchronous: crate::db::Synchronous,
     /// Items in the catalogue (the specification's 100,000; smaller with --quick).
     #[arg(long)]
     pub items: Option<u32>,

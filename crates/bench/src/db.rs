@@ -50,6 +50,25 @@ impl Journal {
     }
 }
 
+/// `PRAGMA synchronous` of a timed run (`--synchronous`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// Every commit syncs (SQLite's default).
+    Full,
+    /// In WAL mode commits do not sync, checkpoints do; in rollback mode one sync fewer.
+    Normal,
+}
+
+impl Synchronous {
+    pub fn pragma(self) -> &'static str {
+        match self {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        }
+    }
+}
+
 /// Which SQLite a timed run goes through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

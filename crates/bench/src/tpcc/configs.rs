@@ -66,7 +66,7 @@ use Memory as M;
 use Writers as W;
 
 /// Every configuration, in the order they run and print.
-pub const CONFIGS: [OltpConfig; 8] = [
+pub const CONFIGS: [OltpConfig; 11] = [
     config("memory_100", M::Full, E::None, false, W::Queue),
     config("stock_memory_100", M::Full, E::None, true, W::Queue),
     config("memory_25", M::Quarter, E::None, false, W::Queue),
@@ -79,6 +79,15 @@ pub const CONFIGS: [OltpConfig; 8] = [
         W::Queue,
     ),
     config("stock_memory_25", M::Quarter, E::None, true, W::Queue),
+    config("memory_100_no_queue", M::Full, E::None, false, W::Sqlite),
+    config(
+        "stock_memory_100_no_queue",
+        M::Full,
+        E::None,
+        true,
+        W::Sqlite,
+    ),
+    config("memory_25_no_queue", M::Quarter, E::None, false, W::Sqlite),
     config(
         "memory_25_bpe_no_queue",
         M::Quarter,

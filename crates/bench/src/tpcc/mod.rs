@@ -24,7 +24,7 @@ mod txn;
 use crate::args::OltpArgs;
 use crate::cgroup;
 use crate::child::{start, Runner};
-use crate::db::{self, Sqlite};
+use crate::db::{self, Journal, Sqlite, Synchronous};
 use crate::progress;
 use crate::reference::measure_reference;
 use crate::report::{
@@ -51,6 +51,7 @@ struct Mix {
     seconds: u64,
     warmup_seconds: u64,
     writers: Writers,
+    synchronous: Synchronous,
 }
 
 /// Runs the benchmark and prints its results; returns them.
@@ -78,11 +79,14 @@ pub fn run(a: &OltpArgs) -> anyhow::Result<BenchReport> {
         "stock_cgroup_mb": plan.iter().filter(|c| c.stock).map(|c| (c.name, cgroup_mb(c.memory_mb(db_mb)))).collect::<BTreeMap<_, _>>(),
         "writers": plan.iter().map(|c| (c.name, c.writers)).collect::<BTreeMap<_, _>>(),
         "pager_cache_kib": db::PAGER_CACHE_KIB, "quick": c.quick,
+        "journal": a.journal.label(), "synchronous": a.synchronous.pragma(),
     });
     print_storage(&storage, report.reference.as_ref());
     println!(
-        "database:     {} ({db_mb} MB, {warehouses} warehouses)",
-        base.display()
+        "database:     {} ({db_mb} MB, {warehouses} warehouses; journal: {}, synchronous: {})",
+        base.display(),
+        a.journal.label(),
+        a.synchronous.pragma()
     );
     let run_db = storage.data_dir.join("tpcc-run.db");
     let runner = Runner {
@@ -95,7 +99,8 @@ pub fn run(a: &OltpArgs) -> anyhow::Result<BenchReport> {
         let extension_mb = config.extension_mb(db_mb);
         copy_db(&base, &run_db)?;
         let description = describe(config, memory_mb, db_mb, extension_mb, a.terminals);
-        let setup = runner.setup(config.name, description, &run_db, extension_mb);
+        let mut setup = runner.setup(config.name, description, &run_db, extension_mb);
+        setup.journal = a.journal;
         let mix = Mix {
             warehouses,
             items,
@@ -103,6 +108,7 @@ pub fn run(a: &OltpArgs) -> anyhow::Result<BenchReport> {
             seconds,
             warmup_seconds: (seconds / 6).max(2),
             writers: config.writers,
+            synchronous: a.synchronous,
         };
         let results = match config.stock {
             true => runner.run_stock(setup, mix, memory_mb, cgroup_mb(memory_mb))?,
@@ -110,9 +116,7 @@ pub fn run(a: &OltpArgs) -> anyhow::Result<BenchReport> {
         };
         report.configs.extend(results);
     }
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", run_db.display()));
-    }
+    remove_db(&run_db);
     report.summary = summarize(&report);
     print_results(&report);
     Ok(report)
@@ -162,6 +166,8 @@ fn summarize(r: &BenchReport) -> serde_json::Value {
         "tpm": r.configs.iter().map(|c| (c.name.clone(), c.operations as f64 * 60.0 / c.seconds)).collect::<BTreeMap<_, _>>(),
         "bpe_over_no_bpe_at_25": over("memory_25_bpe", "memory_25"),
         "memory_100_over_bpe": over("memory_100", "memory_25_bpe"),
+        "bpe_over_no_bpe_at_25_no_queue": over("memory_25_bpe_no_queue", "memory_25_no_queue"),
+        "memory_100_over_bpe_no_queue": over("memory_100_no_queue", "memory_25_bpe_no_queue"),
         "ext_half_over_ext_double": over("memory_25_bpe_ext_half", "memory_25_bpe"),
         "queue_over_no_queue_bpe": over("memory_25_bpe", "memory_25_bpe_no_queue"),
         "queue_over_no_queue_stock": over("stock_memory_25", "stock_memory_25_no_queue"),
@@ -180,11 +186,16 @@ fn load(path: &Path, warehouses: u32, items: u32, reload: bool) -> anyhow::Resul
 
 /// Every configuration starts from the same loaded database (copying is not timed).
 fn copy_db(from: &Path, to: &Path) -> anyhow::Result<()> {
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", to.display()));
-    }
+    remove_db(to);
     std::fs::copy(from, to)?;
     Ok(())
+}
+
+/// Removes a run's database and whatever files its journal mode left beside it.
+fn remove_db(db: &Path) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
 }
 
 /// Reads every table and index once, so the tiers start warm (and the extension full).
@@ -235,12 +246,18 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
     db::wait_for_extension_writes();
     sp.finish_and_clear();
     let queue = cfg.writers == Writers::Queue;
+    // Only a WAL has frames to checkpoint; a rollback journal's writers write the database.
+    let wal = setup.journal == Journal::Wal;
     let writers = Mutex::new(());
     let mut terminals: Vec<Terminal> = (0..cfg.terminals)
         .map(|t| {
             let conn = db::open_with(&setup.db, sqlite, setup.journal)?;
             busy::install(&conn)?;
-            if queue {
+            conn.execute_batch(&format!(
+                "PRAGMA synchronous = {};",
+                cfg.synchronous.pragma()
+            ))?;
+            if queue && wal {
                 // The checkpointer below does it, outside the writers' queue.
                 conn.execute_batch("PRAGMA wal_autocheckpoint = 0;")?;
             }
@@ -254,8 +271,15 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
             })
         })
         .collect::<anyhow::Result<_>>()?;
-    let checkpointer = match queue {
-        true => Some(db::open_with(&setup.db, sqlite, setup.journal)?),
+    let checkpointer = match queue && wal {
+        true => {
+            let conn = db::open_with(&setup.db, sqlite, setup.journal)?;
+            conn.execute_batch(&format!(
+                "PRAGMA synchronous = {};",
+                cfg.synchronous.pragma()
+            ))?;
+            Some(conn)
+        }
         false => None,
     };
     let mut run = Run {
@@ -283,6 +307,17 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         _ => serde_json::Value::Null,
     };
     let checks = txn::check(&conn)?;
+    // What the terminals ran with, as SQLite reports it (a pragma SQLite refused leaves the
+    // mode as it was, silently).
+    let (journal, synchronous) = match terminals.first() {
+        Some(t) => (
+            t.conn
+                .query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0))?,
+            t.conn
+                .query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0))?,
+        ),
+        None => anyhow::bail!("no terminal ran"),
+    };
     let per_kind: serde_json::Map<String, serde_json::Value> = KINDS
         .iter()
         .enumerate()
@@ -301,6 +336,8 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         "busy_waits": waits - waits_before,
         "busy_sleep_ms": slept - slept_before,
         "writers": cfg.writers,
+        "journal_mode": journal,
+        "synchronous": synchronous,
         "vfs": setup.sqlite.vfs(),
         "storage_io": io,
         "tpm": result.operations as f64 * 60.0 / result.seconds,
@@ -529,6 +566,14 @@ fn print_results(r: &BenchReport) {
     show(
         "memory_100_over_bpe",
         "100 % memory / 25 % memory + extension",
+    );
+    show(
+        "bpe_over_no_bpe_at_25_no_queue",
+        "with SQLite's locking, at 25 % memory, extension on / off",
+    );
+    show(
+        "memory_100_over_bpe_no_queue",
+        "with SQLite's locking, 100 % memory / 25 % memory + extension",
     );
     show(
         "ext_half_over_ext_double",

@@ -1,0 +1,72 @@
+//! End to end: `bpe-bench oltp` at a tiny scale in each journal mode, checking the JSON it
+//! writes (no timing): the terminals ran in the journal mode and `synchronous` asked for, bpe
+//! and stock alike, and TPC-C's consistency conditions held after the run.
+
+use std::process::Command;
+
+fn run_oltp(journal: &str, synchronous: &str) -> serde_json::Value {
+    let dir = tempfile::Builder::new()
+        .prefix("bench-test")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let json = dir.path().join("oltp.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_bpe-bench"))
+        .current_dir(dir.path())
+        .args([
+            "oltp",
+            "--quick",
+            "--data-device",
+            "emulated:ssd",
+            "--items",
+            "2000",
+            "--seconds",
+            "1",
+            "--reference-mib",
+            "0",
+            "--configs",
+            "memory_25_bpe,memory_25_bpe_no_queue,stock_memory_25",
+            "--journal",
+            journal,
+            "--synchronous",
+            synchronous,
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "bench failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+}
+
+fn check(v: &serde_json::Value, journal_mode: &str, synchronous: i64) {
+    let configs = v["configs"].as_array().unwrap();
+    assert_eq!(configs.len(), 3, "{v}");
+    for c in configs {
+        let d = &c["details"];
+        assert_eq!(d["journal_mode"], journal_mode, "{c}");
+        assert_eq!(d["synchronous"], synchronous, "{c}");
+        assert!(c["operations"].as_u64().unwrap() > 0, "{c}");
+        let conditions = d["consistency"].as_array().unwrap();
+        assert_eq!(conditions.len(), 4, "{c}");
+        assert!(conditions.iter().all(|x| x["passed"] == true), "{c}");
+    }
+}
+
+#[test]
+fn oltp_runs_in_rollback_mode_when_asked() {
+    let v = run_oltp("delete", "full");
+    assert_eq!(v["parameters"]["journal"], "rollback");
+    check(&v, "delete", 2);
+}
+
+#[test]
+fn oltp_runs_in_wal_mode_with_normal_sync_when_asked() {
+    let v = run_oltp("wal", "normal");
+    assert_eq!(v["parameters"]["journal"], "wal");
+    check(&v, "wal", 1);
+}
