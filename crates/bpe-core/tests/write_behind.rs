@@ -1,10 +1,11 @@
 //! Write-behind (`engine/write_behind.rs`): a page written behind is served from L1 at once,
 //! reaches the data file once at the write-back however often it was written, never leaves L1
-//! before that (no eviction, no drop of clean buffers, never to the extension), and a failed
-//! write-back leaves the file, not a stale or lost copy, as the page.
+//! before that (no eviction, no drop of clean buffers, never to the extension), goes to the
+//! extension like any clean page after it, and a failed write-back leaves the file, not a stale
+//! or lost copy, as the page.
 
 mod common;
-use bpe_core::{BehindLog, Config, DataDevice, Engine, Via};
+use bpe_core::{BehindLog, Config, DataDevice, Engine, Sharing, Tier, Via};
 use common::*;
 use std::path::Path;
 
@@ -252,4 +253,52 @@ fn with_write_behind_off_every_page_goes_to_the_file_at_once() {
     assert!(log.is_empty());
     assert_eq!(on_disk(&path, 4), (4, 2));
     assert_eq!(engine.counters().pages_written_behind, 0);
+}
+
+/// Once written back, a page written behind is clean, and when it leaves L1 it goes to the
+/// extension, shared or private, as a page written through does: its next read is an L2 hit,
+/// never a data-file read (the slow disk), and returns what was written.
+#[test]
+fn a_page_written_back_reaches_the_extension_when_it_leaves_l1() {
+    for sharing in [Sharing::Shared, Sharing::Private] {
+        let dir = tempdir();
+        let path = make_file(dir.path(), "data", 1024, PAGE);
+        let engine = engine(1 << 20); // about a quarter of the file
+        let f = engine.open_file(&path, PAGE).unwrap();
+        engine
+            .enable_extension_as(&dir.path().join("ext.bpe"), 16 << 20, sharing)
+            .unwrap();
+        let mut log = BehindLog::default();
+        let written: Vec<u64> = (0..40).map(|i| i * 25).collect();
+        for &p in &written {
+            engine
+                .write_page_behind(&f, p, &page_bytes(p, 3, PAGE), Via(None), &mut log)
+                .unwrap();
+        }
+        engine.write_back(&f, &mut log, Via(None)).unwrap();
+        // The rest of the file, twice, in an order with no runs (no readahead): L1 turns over.
+        let others: Vec<u64> = (0..1024u64)
+            .map(|i| (i * 7919) % 1024)
+            .filter(|p| !written.contains(p))
+            .collect();
+        for _ in 0..2 {
+            for &p in &others {
+                read(&engine, &f, p);
+            }
+        }
+        assert!(engine.wait_for_extension_writes(WAIT));
+        let mut from_ext = 0;
+        for &p in &written {
+            let (bytes, tier) = read(&engine, &f, p);
+            assert_eq!(decode(&bytes), Some((p, 3)), "{sharing:?}: page {p}");
+            assert_ne!(
+                tier,
+                Tier::DataFile,
+                "{sharing:?}: page {p} was read from the file"
+            );
+            from_ext += (tier == Tier::Extension) as usize;
+        }
+        assert!(from_ext >= 30, "{sharing:?}: only {from_ext} of 40 from L2");
+        engine.check_invariants();
+    }
 }

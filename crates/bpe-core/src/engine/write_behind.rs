@@ -90,8 +90,8 @@ impl Engine {
         let _stable = file.key_stable();
         let key = PageKey::new(file.key(), page);
         let (ticket, _) = self.start_write(file, key);
-        // Not offered to a shared extension (no read epoch): it could not tell this copy from
-        // the file's.
+        // No read epoch yet: until the write-back puts these bytes in the file, a shared
+        // extension could not tell this copy from the file's.
         let frame = self.written_frame(file, key, data, None, true);
         self.pool.finish_write_dirty(ticket, frame, slot, self);
         Counters::bump(&self.counters.pages_written_behind);
@@ -125,9 +125,15 @@ impl Engine {
                 });
             }
             Counters::bump(&self.counters.page_writes);
-            // As after a write through: a shared extension is told once the file has the bytes.
+            // As after a write through: a shared extension is told once the file has the bytes,
+            // and the frame, clean from now on, carries the epoch of its bytes, so that it is
+            // offered to the extension when it leaves L1 (without it, every page a rollback-mode
+            // transaction wrote would be read from the data file again after its eviction).
             if let Some(e) = &ext {
                 e.written(file, key);
+                if let Some(read) = e.read_under(file, key) {
+                    frame.written_back_under(read);
+                }
             }
             self.pool.mark_clean(&frame);
         }

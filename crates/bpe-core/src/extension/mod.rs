@@ -377,7 +377,7 @@ impl Extension {
             key: frame.key,
             seq,
             frame: frame.clone(),
-            shared: frame.shared,
+            shared: frame.shared(),
         };
         match self.staging.try_send(ToWriter::Page(staged)) {
             Ok(()) => {}

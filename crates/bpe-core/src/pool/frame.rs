@@ -7,7 +7,7 @@ use std::sync::atomic::{
     AtomicBool, AtomicU32, AtomicU64, AtomicU8,
     Ordering::{AcqRel, Acquire, Relaxed},
 };
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub struct Frame {
     pub key: PageKey,
@@ -29,8 +29,10 @@ pub struct Frame {
     /// dead copy that nothing can find, and it is not worth writing to the extension.
     current_key: Option<Arc<AtomicU32>>,
     /// For a shared extension: the page's shared name and write epoch before its bytes were
-    /// read. None: not offered to a shared extension (it cannot tell the copy is current).
-    pub shared: Option<SharedRead>,
+    /// read. Unset: not offered to a shared extension (it cannot tell the copy is current).
+    /// Set once: at install for a page read or written through, at its write-back for a page
+    /// written behind (whose bytes the file has only from then on).
+    shared: OnceLock<SharedRead>,
 }
 
 /// A page about to be installed in L1, its bytes still in the caller's buffer: the pool copies
@@ -69,8 +71,21 @@ impl Frame {
             last_access_ms: AtomicU64::new(new.now_ms),
             read_micros: new.read_micros,
             current_key: new.current_key,
-            shared: new.shared,
+            shared: new.shared.map_or_else(OnceLock::new, OnceLock::from),
         }
+    }
+
+    /// What a shared extension needs to show this copy current (see the field).
+    pub fn shared(&self) -> Option<SharedRead> {
+        self.shared.get().copied()
+    }
+
+    /// A page written behind is in the data file now, as of `read`: once the frame is clean,
+    /// a shared extension may take it when it leaves L1, as it takes a page written through.
+    /// Called after the write to the file and before the frame is marked clean (so no eviction
+    /// comes between), and only once.
+    pub fn written_back_under(&self, read: SharedRead) {
+        let _ = self.shared.set(read);
     }
 
     /// Whether this is a page of the file whose key lives in `cell` (whatever its key now).

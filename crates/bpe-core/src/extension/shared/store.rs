@@ -66,7 +66,7 @@ impl L2Store for SharedStore {
     fn stage(&self, frame: &Frame, seq: u64) -> bool {
         // Without what its read was made under (in this attachment: names and epochs of an
         // earlier one mean nothing here), a copy cannot be shown current to others.
-        if !frame.shared.is_some_and(|r| self.attached.made_here(&r))
+        if !frame.shared().is_some_and(|r| self.attached.made_here(&r))
             || self.attached.locate(frame.key).is_some()
         {
             return false;
