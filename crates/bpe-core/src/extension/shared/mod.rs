@@ -59,7 +59,7 @@ use crate::io::own_file::{self, Access};
 use crate::io::shared_memory::{Locked, SharedMemory};
 use crate::io::FileIdentity;
 use crate::page::{FileKey, PageKey};
-use layout::{Header, Layout, Tables, FILLING, FREE, FULL, MAGIC, STRIPES};
+use layout::{Header, Layout, Tables, FILLING, FREE, FULL, MAGIC, STRIPES, STRIPE_BITS};
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -454,7 +454,7 @@ impl SharedIndex {
     /// can void copies of the page without the lock (see `invalidate`).
     fn stripe_of(id: FileIdentity, page: u64) -> usize {
         let h = (id.dev.rotate_left(17) ^ id.ino).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ page;
-        (h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 50) as usize % STRIPES
+        (h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - STRIPE_BITS)) as usize % STRIPES
     }
 
     /// Takes the lock, however long its holder keeps it (the writer's thread, attaching,
