@@ -257,7 +257,8 @@ fn with_write_behind_off_every_page_goes_to_the_file_at_once() {
 
 /// Once written back, a page written behind is clean, and when it leaves L1 it goes to the
 /// extension, shared or private, as a page written through does: its next read is an L2 hit,
-/// never a data-file read (the slow disk), and returns what was written.
+/// never a data-file read (the slow disk), and returns what was written. (A shared extension
+/// takes only a page that carries the epoch of its bytes: the write-back must give it one.)
 #[test]
 fn a_page_written_back_reaches_the_extension_when_it_leaves_l1() {
     for sharing in [Sharing::Shared, Sharing::Private] {
@@ -275,6 +276,7 @@ fn a_page_written_back_reaches_the_extension_when_it_leaves_l1() {
                 .write_page_behind(&f, p, &page_bytes(p, 3, PAGE), Via(None), &mut log)
                 .unwrap();
         }
+        assert_eq!(engine.counters().pages_written_behind, 40, "{sharing:?}");
         engine.write_back(&f, &mut log, Via(None)).unwrap();
         // The rest of the file, twice, in an order with no runs (no readahead): L1 turns over.
         let others: Vec<u64> = (0..1024u64)

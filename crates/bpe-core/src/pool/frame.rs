@@ -84,7 +84,7 @@ impl Frame {
     /// a shared extension may take it when it leaves L1, as it takes a page written through.
     /// Called after the write to the file and before the frame is marked clean (so no eviction
     /// comes between), and only once.
-    pub fn written_back_under(&self, read: SharedRead) {
+    pub(crate) fn written_back_under(&self, read: SharedRead) {
         let _ = self.shared.set(read);
     }
 

@@ -59,7 +59,7 @@ use crate::io::own_file::{self, Access};
 use crate::io::shared_memory::{Locked, SharedMemory};
 use crate::io::FileIdentity;
 use crate::page::{FileKey, PageKey};
-use layout::{Header, Layout, Tables, FILLING, FREE, FULL, MAGIC, STRIPES, STRIPE_BITS};
+use layout::{Header, Layout, Tables, FILLING, FREE, FULL, MAGIC};
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -438,23 +438,27 @@ impl SharedIndex {
         unsafe { &*(self.mem.base().as_ptr() as *const Header) }
     }
 
-    /// One of the segment's arrays of STRIPES atomics, at byte `offset`.
+    /// One of the segment's arrays of `geometry.stripes` atomics, at byte `offset`.
     fn atomics(&self, offset: usize) -> &[AtomicU64] {
-        // SAFETY: the layout places STRIPES atomics at this offset (`stripes` or `pending`),
-        // inside the mapping; atomics may be shared with any thread of any process.
+        // SAFETY: the layout places `geometry.stripes` atomics at this offset (`stripes` or
+        // `pending`), inside the mapping; atomics may be shared with any thread of any process.
         unsafe {
             std::slice::from_raw_parts(
                 self.mem.base().as_ptr().add(offset) as *const AtomicU64,
-                STRIPES,
+                self.layout.geometry.stripes as usize,
             )
         }
     }
 
     /// The page's stripe: named by the file's identity, not its slot or key, so that a write
     /// can void copies of the page without the lock (see `invalidate`).
-    fn stripe_of(id: FileIdentity, page: u64) -> usize {
+    fn stripe_of(&self, id: FileIdentity, page: u64) -> usize {
+        let stripes = self.layout.geometry.stripes;
+        debug_assert!(stripes.is_power_of_two());
         let h = (id.dev.rotate_left(17) ^ id.ino).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ page;
-        (h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - STRIPE_BITS)) as usize % STRIPES
+        // The product's top bits, as many as the stripes need (the low bits mix poorly).
+        let top = h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - stripes.trailing_zeros());
+        (top % stripes) as usize
     }
 
     /// Takes the lock, however long its holder keeps it (the writer's thread, attaching,
@@ -578,7 +582,7 @@ impl SharedIndex {
         if let Some(slot) = self.slot_of(t, file, id) {
             t.remove(PageKey::new(t.files[slot as usize].key, page));
         }
-        let before = self.atomics(self.layout.pending)[Self::stripe_of(id, page)]
+        let before = self.atomics(self.layout.pending)[self.stripe_of(id, page)]
             .fetch_sub(1, Ordering::SeqCst);
         strict_assert!(before > 0, "a pending invalidation taken back twice");
     }
@@ -815,7 +819,7 @@ impl SharedIndex {
         let Some(_in_use) = self.enter() else {
             return 0;
         };
-        self.atomics(self.layout.stripes)[Self::stripe_of(id, page)].load(Ordering::SeqCst)
+        self.atomics(self.layout.stripes)[self.stripe_of(id, page)].load(Ordering::SeqCst)
     }
 
     /// The write epoch of a page of the file a name's slot holds (tests, which name files by
@@ -851,7 +855,7 @@ impl SharedIndex {
         let Some(_in_use) = self.enter() else {
             return;
         };
-        let stripe = Self::stripe_of(id, page);
+        let stripe = self.stripe_of(id, page);
         self.atomics(self.layout.stripes)[stripe].fetch_add(1, Ordering::SeqCst);
         self.atomics(self.layout.pending)[stripe].fetch_add(1, Ordering::SeqCst);
         stored();
@@ -881,7 +885,7 @@ impl SharedIndex {
             dev: f.dev,
             ino: f.ino,
         };
-        if self.atomics(self.layout.pending)[Self::stripe_of(id, page)].load(Ordering::SeqCst) > 0 {
+        if self.atomics(self.layout.pending)[self.stripe_of(id, page)].load(Ordering::SeqCst) > 0 {
             return Found::Miss; // a write's removal waits for its process's next lock
         }
         let region = &t.regions[(location.offset / t.region_bytes()) as usize];

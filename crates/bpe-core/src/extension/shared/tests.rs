@@ -927,3 +927,33 @@ fn another_versions_segment_is_swept_only_once_no_process_maps_it() {
     }
     assert!(!segment.exists(), "kept once no process maps it");
 }
+
+/// The stripes grow with the ring (twice its 4 KiB pages, a power of two) between their
+/// bounds, and a write voids only its own stripe: pages of the other stripes keep their
+/// epochs.
+#[test]
+fn stripes_scale_with_the_ring_and_a_write_moves_one_epoch() {
+    use super::layout::{MAX_STRIPES, MIN_STRIPES};
+    let mib = 1 << 20;
+    assert_eq!(Geometry::new(4, mib).stripes, MIN_STRIPES);
+    // 1,504 MB of 4 KiB pages: 770,048 pages' worth of stripes, rounded up.
+    assert_eq!(Geometry::new(1504, mib).stripes, MAX_STRIPES);
+    assert_eq!(Geometry::new(128, mib).stripes, 1 << 16);
+    assert_eq!(Geometry::new(1 << 14, mib).stripes, MAX_STRIPES);
+    for regions in [1, 3, 100, 777, 5000] {
+        assert!(Geometry::new(regions, mib).stripes.is_power_of_two());
+    }
+
+    let s = setup();
+    let index = SharedIndex::attach(&s.path, Geometry::new(128, mib)).unwrap();
+    let id = FileIdentity { dev: 1, ino: 7 };
+    let before: Vec<u64> = (0..4096).map(|p| index.epoch(id, p)).collect();
+    let file = index.bind(stamp(7, 1, false)).unwrap();
+    index.invalidate(file, 100, id);
+    let moved: Vec<u64> = (0..4096)
+        .filter(|&p| index.epoch(id, p) != before[p as usize])
+        .collect();
+    assert!(moved.contains(&100), "the written page's epoch moved");
+    // 4,096 pages over 65,536 stripes: a page shares page 100's stripe by chance only.
+    assert!(moved.len() <= 3, "{} pages' epochs moved", moved.len());
+}
