@@ -1,39 +1,21 @@
 //! End to end: `bpe-bench autocommit` at a tiny scale, checking the JSON it writes (no timing).
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn autocommit_runs_every_configuration_and_the_writer_is_noticed() {
-    let dir = tempfile::Builder::new()
-        .prefix("bench-test")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap();
-    let json = dir.path().join("autocommit.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_bpe-bench"))
-        .current_dir(dir.path())
-        .args([
-            "autocommit",
-            "--quick",
-            "--data-device",
-            "emulated:ssd",
-            "--rows",
-            "1000",
-            "--seconds",
-            "0.3",
-            "--reference-mib",
-            "16",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "bench failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let v = common::run_bench(&[
+        "autocommit",
+        "--quick",
+        "--data-device",
+        "emulated:ssd",
+        "--rows",
+        "1000",
+        "--seconds",
+        "0.3",
+        "--reference-mib",
+        "16",
+    ]);
     assert_eq!(v["benchmark"], "autocommit");
     assert_eq!(v["storage"]["data_device"]["name"], "emulated:ssd");
     let configs = v["configs"].as_array().unwrap();

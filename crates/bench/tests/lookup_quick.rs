@@ -1,45 +1,28 @@
 //! End to end: `bpe-bench lookup` at a tiny scale, checking the JSON it writes.
 
-use std::process::Command;
+mod common;
 
 /// Runs `bpe-bench lookup --quick` at a tiny scale on an emulated SSD with `extra` arguments;
 /// returns the JSON it wrote.
 fn lookup(extra: &[&str]) -> serde_json::Value {
-    let dir = tempfile::Builder::new()
-        .prefix("bench-test")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap();
-    let json = dir.path().join("lookup.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_bpe-bench"))
-        .current_dir(dir.path())
-        .args([
-            "lookup",
-            "--quick",
-            "--data-device",
-            "emulated:ssd",
-            "--rows",
-            "4000",
-            "--lookups",
-            "300",
-            "--memory-mb",
-            "2",
-            "--extension-mb",
-            "64",
-            "--reference-mib",
-            "16",
-        ])
-        .args(extra)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "bench failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+    let mut args = vec![
+        "lookup",
+        "--quick",
+        "--data-device",
+        "emulated:ssd",
+        "--rows",
+        "4000",
+        "--lookups",
+        "300",
+        "--memory-mb",
+        "2",
+        "--extension-mb",
+        "64",
+        "--reference-mib",
+        "16",
+    ];
+    args.extend_from_slice(extra);
+    common::run_bench(&args)
 }
 
 #[test]

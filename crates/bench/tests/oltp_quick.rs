@@ -2,45 +2,27 @@
 //! writes (no timing): the terminals ran in the journal mode and `synchronous` asked for, bpe
 //! and stock alike, and TPC-C's consistency conditions held after the run.
 
-use std::process::Command;
+mod common;
 
 fn run_oltp(journal: &str, synchronous: &str) -> serde_json::Value {
-    let dir = tempfile::Builder::new()
-        .prefix("bench-test")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap();
-    let json = dir.path().join("oltp.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_bpe-bench"))
-        .current_dir(dir.path())
-        .args([
-            "oltp",
-            "--quick",
-            "--data-device",
-            "emulated:ssd",
-            "--items",
-            "2000",
-            "--seconds",
-            "1",
-            "--reference-mib",
-            "0",
-            "--configs",
-            "memory_25_no_queue,memory_25_bpe,memory_25_bpe_no_queue,stock_memory_25",
-            "--journal",
-            journal,
-            "--synchronous",
-            synchronous,
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "bench failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+    common::run_bench(&[
+        "oltp",
+        "--quick",
+        "--data-device",
+        "emulated:ssd",
+        "--items",
+        "2000",
+        "--seconds",
+        "1",
+        "--reference-mib",
+        "0",
+        "--configs",
+        "memory_25_no_queue,memory_25_bpe,memory_25_bpe_no_queue,stock_memory_25",
+        "--journal",
+        journal,
+        "--synchronous",
+        synchronous,
+    ])
 }
 
 fn check(v: &serde_json::Value, journal_mode: &str, synchronous: i64) {

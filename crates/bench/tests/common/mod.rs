@@ -1,0 +1,27 @@
+//! What the end-to-end benchmark tests share: running `bpe-bench` in a scratch directory.
+
+use std::process::Command;
+
+/// Runs `bpe-bench <args> --json FILE` in a fresh directory under the target's temporary
+/// directory; fails the test with its output if it fails, else returns the JSON it wrote.
+pub fn run_bench(args: &[&str]) -> serde_json::Value {
+    let dir = tempfile::Builder::new()
+        .prefix("bench-test")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let json = dir.path().join("result.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_bpe-bench"))
+        .current_dir(dir.path())
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "bench failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+}
