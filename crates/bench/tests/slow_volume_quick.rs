@@ -3,6 +3,8 @@
 //! the device in its results and removes the volume. Skips itself (with a message) where the
 //! machine cannot make the volume.
 
+mod common;
+
 use std::process::Command;
 
 /// Root, loop devices and the blkio controller, as the benchmark needs them.
@@ -29,41 +31,24 @@ fn lookup_on_a_slow_volume_runs_stock_beside_bpe_under_the_throttle() {
         eprintln!("skipped: {why}");
         return;
     }
-    let dir = tempfile::Builder::new()
-        .prefix("bench-slowvol")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap();
-    let json = dir.path().join("lookup.json");
     // An IOPS figure of its own, so that it never meets a volume another run keeps.
     let device = "slowvol:1931";
-    let out = Command::new(env!("CARGO_BIN_EXE_bpe-bench"))
-        .current_dir(dir.path())
-        .args([
-            "lookup",
-            "--quick",
-            "--data-device",
-            device,
-            "--rows",
-            "4000",
-            "--lookups",
-            "200",
-            "--memory-mb",
-            "2",
-            "--extension-mb",
-            "64",
-            "--reference-mib",
-            "16",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "bench failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (stdout, v) = common::run_bench_printing(&[
+        "lookup",
+        "--quick",
+        "--data-device",
+        device,
+        "--rows",
+        "4000",
+        "--lookups",
+        "200",
+        "--memory-mb",
+        "2",
+        "--extension-mb",
+        "64",
+        "--reference-mib",
+        "16",
+    ]);
     let description = "kernel-throttled loop volume, 1931 read IOPS (cgroup v1 blkio)";
     assert!(stdout.contains(description), "{stdout}");
     for stock in [
@@ -73,7 +58,6 @@ fn lookup_on_a_slow_volume_runs_stock_beside_bpe_under_the_throttle() {
     ] {
         assert!(stdout.contains(stock), "{stock} not printed: {stdout}");
     }
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let volume = &v["storage"]["data_volume"];
     assert_eq!(volume["description"], description);
     assert_eq!(v["configs"].as_array().unwrap().len(), 11);

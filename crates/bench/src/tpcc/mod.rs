@@ -249,14 +249,16 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
     // Only a WAL has frames to checkpoint; a rollback journal's writers write the database.
     let wal = setup.journal == Journal::Wal;
     let writers = Mutex::new(());
+    let open = || -> anyhow::Result<rusqlite::Connection> {
+        let conn = db::open_with(&setup.db, sqlite, setup.journal)?;
+        let sync = cfg.synchronous.pragma();
+        conn.execute_batch(&format!("PRAGMA synchronous = {sync};"))?;
+        Ok(conn)
+    };
     let mut terminals: Vec<Terminal> = (0..cfg.terminals)
         .map(|t| {
-            let conn = db::open_with(&setup.db, sqlite, setup.journal)?;
+            let conn = open()?;
             busy::install(&conn)?;
-            conn.execute_batch(&format!(
-                "PRAGMA synchronous = {};",
-                cfg.synchronous.pragma()
-            ))?;
             if queue && wal {
                 // The checkpointer below does it, outside the writers' queue.
                 conn.execute_batch("PRAGMA wal_autocheckpoint = 0;")?;
@@ -272,14 +274,7 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         })
         .collect::<anyhow::Result<_>>()?;
     let checkpointer = match queue && wal {
-        true => {
-            let conn = db::open_with(&setup.db, sqlite, setup.journal)?;
-            conn.execute_batch(&format!(
-                "PRAGMA synchronous = {};",
-                cfg.synchronous.pragma()
-            ))?;
-            Some(conn)
-        }
+        true => Some(open()?),
         false => None,
     };
     let mut run = Run {

@@ -508,10 +508,7 @@ impl Engine {
                 Counters::bump(&self.counters.page_writes);
                 // A shared extension is told again now the bytes are in the file (see
                 // `extension/shared`); the copy in RAM is current as of its epoch after that.
-                let shared = ext.and_then(|e| {
-                    e.written(file, key);
-                    e.read_under(file, key)
-                });
+                let shared = ext.and_then(|e| e.now_written(file, key));
                 let frame = self.written_frame(file, key, data, shared, false);
                 self.pool.finish_write(ticket, Some(frame), self);
                 Ok(())

@@ -129,11 +129,8 @@ impl Engine {
             // and the frame, clean from now on, carries the epoch of its bytes, so that it is
             // offered to the extension when it leaves L1 (without it, every page a rollback-mode
             // transaction wrote would be read from the data file again after its eviction).
-            if let Some(e) = &ext {
-                e.written(file, key);
-                if let Some(read) = e.read_under(file, key) {
-                    frame.written_back_under(read);
-                }
+            if let Some(read) = ext.as_ref().and_then(|e| e.now_written(file, key)) {
+                frame.written_back_under(read);
             }
             self.pool.mark_clean(&frame);
         }

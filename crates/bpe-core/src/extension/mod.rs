@@ -586,6 +586,14 @@ impl Extension {
         self.store.written(file, key);
     }
 
+    /// The page's bytes are in the data file now, after a write through or a write-back: a
+    /// shared extension is told again (see [`Extension::written`]), and the answer is the epoch
+    /// a copy of those bytes is current under (None for a private extension).
+    pub fn now_written(&self, file: &FileHandle, key: PageKey) -> Option<SharedRead> {
+        self.written(file, key);
+        self.read_under(file, key)
+    }
+
     /// Records what the next process may take on trust (see `L2Store::persist`).
     pub(super) fn persist(&self, if_changed: bool) {
         let vouched = self.host.vouched_files();
