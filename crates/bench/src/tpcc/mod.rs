@@ -9,7 +9,7 @@
 //! their write transactions take turns in an in-process queue and a separate connection
 //! checkpoints the WAL, as a multi-threaded application on SQLite would arrange it; SQLite's own
 //! busy handler and autocheckpoint would make the run measure sleeps (see `drive`,
-//! `checkpoint_until`). The `_no_queue` configurations measure exactly that: SQLite's locking
+//! `checkpointer`). The `_no_queue` configurations measure exactly that: SQLite's locking
 //! alone, as an application that arranges nothing gets it ([`configs::Writers`]).
 //!
 //! Beside the bpe configurations, `stock_*` run stock SQLite with the same memory (its page
@@ -17,6 +17,7 @@
 //! memory cgroup; they run by default on a real data device only ([`configs::plan`]).
 
 mod busy;
+mod checkpointer;
 mod configs;
 mod load;
 mod txn;
@@ -261,7 +262,7 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
             busy::install(&conn)?;
             if queue && wal {
                 // The checkpointer below does it, outside the writers' queue.
-                conn.execute_batch("PRAGMA wal_autocheckpoint = 0;")?;
+                checkpointer::report_commits(&conn);
             }
             Ok(Terminal {
                 conn,
@@ -274,7 +275,7 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         })
         .collect::<anyhow::Result<_>>()?;
     let checkpointer = match queue && wal {
-        true => Some(open()?),
+        true => Some(checkpointer::Checkpointer::new(open()?)),
         false => None,
     };
     let mut run = Run {
@@ -289,8 +290,9 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
     let tally = Tally::default();
     let (waits_before, slept_before) = busy::counts();
     let io_before = db::process_storage_bytes();
+    let mut checkpoints = checkpointer::Checkpoints::default();
     let mut result = ConfigResult::measure(&setup.name, &setup.description, sample_ms, |ops| {
-        drive(&mut run, cfg.seconds, &tally, ops, &setup.name)?;
+        checkpoints = drive(&mut run, cfg.seconds, &tally, ops, &setup.name)?;
         Ok(json!({}))
     })?;
     let (waits, slept) = busy::counts();
@@ -331,6 +333,10 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         "busy_waits": waits - waits_before,
         "busy_sleep_ms": slept - slept_before,
         "writers": cfg.writers,
+        "checkpointer": (queue && wal).then(|| json!({
+            "passive": checkpoints.passive,
+            "restart": checkpoints.restart,
+        })),
         "journal_mode": journal,
         "synchronous": synchronous,
         "vfs": setup.sqlite.vfs(),
@@ -363,37 +369,8 @@ fn per_connection(sqlite: Sqlite, terminals: u32) -> Sqlite {
 /// SQLite's autocheckpoint does in the committing terminal).
 struct Run<'a> {
     terminals: &'a mut [Terminal],
-    checkpointer: Option<rusqlite::Connection>,
+    checkpointer: Option<checkpointer::Checkpointer>,
     writers: Option<&'a Mutex<()>>,
-}
-
-/// WAL frames after which the checkpointer stops the writers to restart the WAL, so that it
-/// stays bounded even when backfill cannot catch up with them.
-const WAL_RESTART_FRAMES: i64 = 20_000;
-
-/// Checkpoints as SQLite's autocheckpoint would, but on its own connection: an autocheckpoint
-/// runs in the committing terminal, inside its turn in the writers' queue, and every other
-/// writer would wait for it.
-fn checkpoint_until(
-    conn: &mut rusqlite::Connection,
-    writers: &Mutex<()>,
-    stop: &AtomicBool,
-    deadline: Instant,
-) -> anyhow::Result<()> {
-    let checkpoint = |mode: &str| -> anyhow::Result<(i64, i64)> {
-        let sql = format!("PRAGMA wal_checkpoint({mode})");
-        Ok(conn.query_row(&sql, [], |r| Ok((r.get(1)?, r.get(2)?)))?)
-    };
-    while !stop.load(Relaxed) && Instant::now() < deadline {
-        let (log, backfilled) = checkpoint("PASSIVE")?;
-        if log > WAL_RESTART_FRAMES {
-            let _turn = writers.lock().unwrap_or_else(|e| e.into_inner());
-            checkpoint("RESTART")?;
-        } else if log - backfilled < 1000 {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    Ok(())
 }
 
 /// Runs every terminal for `seconds`; counts completed transactions in `ops`.
@@ -403,7 +380,7 @@ fn drive(
     tally: &Tally,
     ops: &AtomicU64,
     label: &str,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<checkpointer::Checkpoints> {
     let stop = AtomicBool::new(false);
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let pb = progress::bar(seconds, label);
@@ -415,9 +392,10 @@ fn drive(
         } = run;
         let writers: Option<&Mutex<()>> = *writers;
         let stop_ref = &stop;
-        let checkpointer = checkpointer.as_mut().zip(writers).map(|(conn, writers)| {
-            s.spawn(move || checkpoint_until(conn, writers, stop_ref, deadline))
-        });
+        let checkpointer = checkpointer
+            .as_mut()
+            .zip(writers)
+            .map(|(c, writers)| s.spawn(move || c.run_until(writers, stop_ref, deadline)));
         let workers: Vec<_> = terminals
             .iter_mut()
             .map(|t| {
@@ -478,13 +456,12 @@ fn drive(
             })
             .collect::<anyhow::Result<Vec<()>>>();
         stop.store(true, Relaxed);
-        let checkpointed = checkpointer.map_or(Ok(()), |c| {
+        let checkpointed = checkpointer.map_or(Ok(Default::default()), |c| {
             c.join()
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("checkpointer panicked")))
         });
         done.and(checkpointed)
-    })?;
-    Ok(())
+    })
 }
 
 fn is_busy(e: &anyhow::Error) -> bool {
