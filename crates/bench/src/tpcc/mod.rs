@@ -261,7 +261,8 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
             let conn = open()?;
             busy::install(&conn)?;
             if queue && wal {
-                // The checkpointer below does it, outside the writers' queue.
+                // The checkpointer below does it, outside the writers' queue; the hook
+                // replaces the connection's autocheckpoint.
                 checkpointer::report_commits(&conn);
             }
             Ok(Terminal {
@@ -336,6 +337,8 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         "checkpointer": (queue && wal).then(|| json!({
             "passive": checkpoints.passive,
             "restart": checkpoints.restart,
+            "busy": checkpoints.busy,
+            "writers_held_ms": checkpoints.writers_held.as_millis() as u64,
         })),
         "journal_mode": journal,
         "synchronous": synchronous,
