@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 /// The WAL's length from which a commit makes a checkpoint due: SQLite's default
 /// `wal_autocheckpoint`.
-pub const CHECKPOINT_FRAMES: i64 = 1000;
+const CHECKPOINT_FRAMES: i64 = 1000;
 
 /// WAL frames after which the checkpointer stops the writers to restart the WAL, so that it
 /// stays bounded even when readers keep it from being started over.
@@ -73,10 +73,12 @@ pub fn report_commits(conn: &rusqlite::Connection) {
 /// What the checkpointer did, for the run's details.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Checkpoints {
-    /// `PASSIVE` checkpoints run, and of them those SQLite answered busy (another checkpoint
-    /// running, or a writer holding what a `RESTART` waits for).
+    /// `PASSIVE` checkpoints run.
     pub passive: u64,
+    /// `RESTART`s run, each with the writers' queue held.
     pub restart: u64,
+    /// Checkpoints of either kind SQLite answered busy (another checkpoint running, or a reader
+    /// holding what a `RESTART` waits for).
     pub busy: u64,
     /// Time the writers' queue stood still for the `RESTART`s.
     pub writers_held: Duration,
@@ -113,8 +115,8 @@ impl Checkpointer {
             done.busy += u64::from(self.checkpoint("PASSIVE")?);
             self.last = wal;
             if wal.frames > WAL_RESTART_FRAMES {
-                let held = Instant::now();
                 let _turn = writers.lock().unwrap_or_else(|e| e.into_inner());
+                let held = Instant::now();
                 done.restart += 1;
                 done.busy += u64::from(self.checkpoint("RESTART")?);
                 // No writer commits while the queue is held: this is the WAL the RESTART left,
