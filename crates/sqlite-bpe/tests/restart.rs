@@ -456,12 +456,16 @@ fn sigkill_during_fill_restore_or_resize_never_serves_a_stale_page() {
             let delay = rng.gen_range(5..400);
             let mut process = child("loop", &db, &ext, &expect, Private).spawn().unwrap();
             let out = process.stdout.take().unwrap();
-            let (first_line, started) = std::sync::mpsc::channel();
+            let (first_round, started) = std::sync::mpsc::channel();
             let lines = std::thread::spawn(move || {
-                let mut all = Vec::new();
+                let mut all: Vec<String> = Vec::new();
                 for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    if all.is_empty() {
-                        let _ = first_line.send(());
+                    // The first round's report, not the first line: the test harness the child
+                    // runs in prints its own lines at its start.
+                    if line.starts_with("COUNTERS")
+                        && !all.iter().any(|l| l.starts_with("COUNTERS"))
+                    {
+                        let _ = first_round.send(());
                     }
                     all.push(line);
                 }
