@@ -721,9 +721,16 @@ unsafe extern "C" fn shm_lock(
             conn.wal_lock(real, guarded, true);
         }
         if flags & SQLITE_SHM_SHARED != 0 && offset >= WAL_READ_LOCK0 {
-            // A read transaction begins (WAL mode): has anyone else checkpointed?
-            let stamp = conn.handle.stamp_now().ok();
-            if offset == WAL_READ_LOCK0 {
+            // A read transaction begins (WAL mode): has anyone else checkpointed? The file's
+            // stamp is taken now where it is the only signal (read mark 0, whose snapshot is the
+            // file alone; no wal-index), else only if the wal-index look needs it.
+            let mark0 = offset == WAL_READ_LOCK0;
+            let stamp = if mark0 || conn.shm0.is_null() {
+                conn.handle.stamp_now().ok()
+            } else {
+                None
+            };
+            if mark0 {
                 // Read mark 0: no checkpoint writes the database file while the mark is held
                 // (wal.c takes it exclusively to backfill). The snapshot is the file alone,
                 // except under `readonly_shm` with a wal-index rebuilt in heap memory, where
@@ -743,6 +750,13 @@ unsafe extern "C" fn shm_lock(
                 // SAFETY: as above, and real is this connection's open unix file.
                 let pages =
                     |from, to, salts| unsafe { wal_frame_pages(real, shm0, from, to, salts) };
+                let stamp = || {
+                    if mark0 {
+                        stamp
+                    } else {
+                        conn.handle.stamp_now().ok()
+                    }
+                };
                 conn.watch
                     .begin_read_wal(&conn.engine, &conn.handle, read_token, &pages, stamp);
                 if let Some(pos) = &conn.replica_pos {
