@@ -101,6 +101,62 @@ fn pages_read_from_the_data_file_reach_the_extension_once_and_are_not_written_at
     assert_eq!(decode(&bytes), Some((5, 1)));
 }
 
+/// The ring is written in order, so without care a page read again and again through the
+/// extension keeps its first copy until the ring comes round and overwrites it, and its next
+/// read goes to the data file, while the rest of the ring holds pages nobody reads. A page whose
+/// copy has reached the older half of the ring is written anew at the head when it leaves RAM.
+/// Here a hot set, read every round through the extension, lives beside a stream of cold pages
+/// that turns the ring over about three times: the hot pages never go back to the data file.
+#[test]
+fn pages_still_read_are_written_again_before_the_ring_overwrites_them() {
+    for sharing in [bpe_core::Sharing::Shared, bpe_core::Sharing::Private] {
+        hot_pages_outlive_the_ring(sharing);
+    }
+}
+
+fn hot_pages_outlive_the_ring(sharing: bpe_core::Sharing) {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 7000, PAGE);
+    let engine = engine(512 << 10); // ~120 pages of RAM
+    let f = engine.open_file(&path, PAGE).unwrap();
+    // 16 regions of 128 pages.
+    engine
+        .enable_extension_as(&dir.path().join("ext.bpe"), 8 << 20, sharing)
+        .unwrap();
+    let hot: Vec<u64> = (0..200u64).map(|i| (i * 7919) % 200).collect();
+    let mut cold = (200..7000u64).map(|i| 200 + (i * 7919) % 6800);
+    let mut hot_from_file = Vec::new();
+    for round in 0..20 {
+        let mut from_file = 0;
+        for &p in &hot {
+            let (bytes, tier) = read(&engine, &f, p);
+            assert_eq!(decode(&bytes), Some((p, 0)));
+            from_file += (tier == Tier::DataFile) as usize;
+        }
+        hot_from_file.push(from_file);
+        // 320 pages never read again: two and a half regions of the ring a round.
+        for p in cold.by_ref().take(320) {
+            read(&engine, &f, p);
+        }
+        assert!(
+            engine.wait_for_extension_writes(WAIT),
+            "{sharing:?} round {round}"
+        );
+    }
+    let c = engine.counters();
+    assert!(
+        c.ext_page_evictions > 2000,
+        "{sharing:?}: the ring did not turn over: {} pages evicted from it",
+        c.ext_page_evictions
+    );
+    assert_eq!(hot_from_file[0], 200, "the first round reads the data file");
+    assert_eq!(
+        hot_from_file[1..].iter().sum::<usize>(),
+        0,
+        "{sharing:?}: hot pages read from the data file again, by round: {hot_from_file:?}"
+    );
+}
+
 #[test]
 fn a_write_drops_the_extension_copy_before_returning() {
     let dir = tempdir();

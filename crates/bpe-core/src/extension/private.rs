@@ -97,9 +97,9 @@ impl L2Store for PrivateStore {
         current
     }
 
-    fn stage(&self, frame: &Frame, seq: u64) -> bool {
+    fn stage(&self, frame: &Frame, seq: u64, keep: &dyn Fn(Location) -> bool) -> bool {
         let key = frame.key;
-        let held = |t: &Tables| t.index.contains(key) || t.staged.contains(key);
+        let held = |t: &Tables| t.index.lookup(key).is_some_and(keep) || t.staged.contains(key);
         // Most offers at eviction are of pages admitted at load: a shared lock answers them.
         if held(&self.tables.read()) {
             return false;

@@ -101,10 +101,11 @@ pub(crate) trait L2Store: Send + Sync {
         None
     }
 
-    /// Stages `frame`'s page for the writer under `seq`, unless a copy of it is here or staged
-    /// already, or (a shared store) it cannot be shown current to other processes. Whether it
-    /// was staged.
-    fn stage(&self, frame: &Frame, seq: u64) -> bool;
+    /// Stages `frame`'s page for the writer under `seq`, unless a copy of it that `keep` accepts
+    /// (by its location) is here, or one is staged already, or (a shared store) it cannot be
+    /// shown current to other processes. Whether it was staged. A copy `keep` refuses stays
+    /// until the new one is indexed, which replaces it.
+    fn stage(&self, frame: &Frame, seq: u64, keep: &dyn Fn(Location) -> bool) -> bool;
 
     /// Takes `key` out of staging if it is still staged under `seq`.
     fn unstage(&self, key: PageKey, seq: u64);

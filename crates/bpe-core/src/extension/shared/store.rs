@@ -63,11 +63,14 @@ impl L2Store for SharedStore {
         self.attached.read_under(file, key)
     }
 
-    fn stage(&self, frame: &Frame, seq: u64) -> bool {
+    fn stage(&self, frame: &Frame, seq: u64, keep: &dyn Fn(Location) -> bool) -> bool {
         // Without what its read was made under (in this attachment: names and epochs of an
         // earlier one mean nothing here), a copy cannot be shown current to others.
         if !frame.shared().is_some_and(|r| self.attached.made_here(&r))
-            || self.attached.locate(frame.key).is_some()
+            || self
+                .attached
+                .locate(frame.key)
+                .is_some_and(|h| keep(h.location))
         {
             return false;
         }
