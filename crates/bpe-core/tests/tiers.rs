@@ -109,7 +109,7 @@ fn pages_read_from_the_data_file_reach_the_extension_once_and_are_not_written_at
 /// that turns the ring over about three times: the hot pages never go back to the data file.
 #[test]
 fn pages_still_read_are_written_again_before_the_ring_overwrites_them() {
-    for sharing in [bpe_core::Sharing::Shared, bpe_core::Sharing::Private] {
+    for sharing in [bpe_core::Sharing::Private, bpe_core::Sharing::Shared] {
         hot_pages_outlive_the_ring(sharing);
     }
 }
@@ -119,7 +119,7 @@ fn hot_pages_outlive_the_ring(sharing: bpe_core::Sharing) {
     let path = make_file(dir.path(), "data", 7000, PAGE);
     let engine = engine(512 << 10); // ~120 pages of RAM
     let f = engine.open_file(&path, PAGE).unwrap();
-    // 16 regions of 128 pages.
+    // 15 regions of 128 pages (and the checkpoint slots).
     engine
         .enable_extension_as(&dir.path().join("ext.bpe"), 8 << 20, sharing)
         .unwrap();

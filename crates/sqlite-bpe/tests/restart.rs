@@ -461,10 +461,9 @@ fn sigkill_during_fill_restore_or_resize_never_serves_a_stale_page() {
                 let mut all: Vec<String> = Vec::new();
                 for line in BufReader::new(out).lines().map_while(Result::ok) {
                     // The first round's report, not the first line: the test harness the child
-                    // runs in prints its own lines at its start.
-                    if line.starts_with("COUNTERS")
-                        && !all.iter().any(|l| l.starts_with("COUNTERS"))
-                    {
+                    // runs in prints its own lines at its start, and the test's name at the
+                    // start of the line the first report ends.
+                    if line.contains("COUNTERS ") && !all.iter().any(|l| l.contains("COUNTERS ")) {
                         let _ = first_round.send(());
                     }
                     all.push(line);

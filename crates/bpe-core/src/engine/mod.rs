@@ -354,7 +354,8 @@ impl ExtensionHost for Host {
 /// L2's only inputs, both called under the page's L1 shard lock (see pool::EvictionSink).
 ///
 /// A page is offered to L2 as soon as it is read from the data file, and again when it leaves
-/// L1 (then only if it was rewritten since, as L2 skips a page it holds unchanged). Admitting at
+/// L1 (then only if it was rewritten since, as L2 skips a page it holds unchanged, or if its copy
+/// is about to be overwritten: `Extension::nears_the_tail`). Admitting at
 /// load puts the L2 write where the query already paid a slow-disk read, and spares the hot
 /// phase that follows: L2 hits then evict L1 pages that L2 already holds, and its reads do not
 /// share the SSD with a burst of first admissions.

@@ -41,6 +41,7 @@ pub(super) fn spawn(ext: Arc<Extension>, rx: Receiver<ToWriter>, done: Arc<Latch
             let started = Instant::now();
             writer.region = ext.store.restore(&ext);
             ext.writer_region.store(writer.region, Relaxed);
+            ext.ring_tail.store(writer.region, Relaxed);
             ext.host.adopt_open_files(&ext);
             let took = started.elapsed();
             ext.restore_micros
@@ -274,6 +275,8 @@ impl Writer {
         };
         self.region = entered.region;
         ext.writer_region.store(entered.region, Relaxed);
+        ext.ring_tail
+            .store((entered.region + 1) % ext.regions, Relaxed);
         if entered.evicted > 0 {
             ext.counters
                 .ext_page_evictions

@@ -722,7 +722,7 @@ unsafe extern "C" fn shm_lock(
         }
         if flags & SQLITE_SHM_SHARED != 0 && offset >= WAL_READ_LOCK0 {
             // A read transaction begins (WAL mode): has anyone else checkpointed? The file's
-            // stamp is taken now where it is the only signal (read mark 0, whose snapshot is the
+            // stamp is taken now where it is needed at once (read mark 0, whose snapshot is the
             // file alone; no wal-index), else only if the wal-index look needs it.
             let mark0 = offset == WAL_READ_LOCK0;
             let stamp = if mark0 || conn.shm0.is_null() {

@@ -896,6 +896,13 @@ impl SharedIndex {
         })
     }
 
+    /// The region the ring overwrites next (the next claim starts its search there); None if
+    /// the index cannot be locked now.
+    pub fn ring_head(&self) -> Option<usize> {
+        let g = self.lock_briefly()?;
+        Some(g.tables.totals.ring_head as usize)
+    }
+
     /// Removes the page's entry if it still is `location` (its read failed its checksum).
     pub fn drop_if(&self, file: SharedFile, page: u64, location: Location) -> bool {
         let Some(mut g) = self.lock_briefly() else {
