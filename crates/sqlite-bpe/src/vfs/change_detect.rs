@@ -943,13 +943,14 @@ mod tests {
         assert_eq!(wal.look(&mut view), pages(&[1]));
     }
 
-    /// The file's stamp costs a system call, so a WAL read transaction takes it only where it
-    /// can say what the wal-index cannot: not while frames wait for a checkpoint (a change to
-    /// the file may be one in progress, which nBackfill will show; stock SQLite makes no stat
-    /// call there either), but where nothing waits, so that a write outside SQLite's protocol
-    /// still forgets the file, and to accept a change the wal-index accounted for.
-    #[test]
-    fn a_wal_read_takes_the_stamp_only_where_the_wal_index_cannot_tell() {
+    /// A one-page database file and an engine that has it open. The directory is on the
+    /// project's disk (/tmp may be tmpfs), and goes when the first value is dropped.
+    fn one_page_file() -> (
+        tempfile::TempDir,
+        std::path::PathBuf,
+        std::sync::Arc<bpe_core::Engine>,
+        bpe_core::FileHandle,
+    ) {
         let base = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/tmp");
         std::fs::create_dir_all(base).unwrap();
         let dir = tempfile::tempdir_in(base).unwrap();
@@ -957,6 +958,17 @@ mod tests {
         std::fs::write(&path, vec![0u8; 4096]).unwrap();
         let engine = bpe_core::Engine::new(bpe_core::Config::default());
         let file = engine.open_file(&path, 4096).unwrap();
+        (dir, path, engine, file)
+    }
+
+    /// The file's stamp costs a system call, so a WAL read transaction takes it only where it
+    /// can say what the wal-index cannot: not while frames wait for a checkpoint (a change to
+    /// the file may be one in progress, which nBackfill will show; stock SQLite makes no stat
+    /// call there either), but where nothing waits, so that a write outside SQLite's protocol
+    /// still forgets the file, and to accept a change the wal-index accounted for.
+    #[test]
+    fn a_wal_read_takes_the_stamp_only_where_the_wal_index_cannot_tell() {
+        let (_dir, path, engine, file) = one_page_file();
         let watch = FileWatch::default();
         let token = |backfill| {
             move || {
@@ -1016,14 +1028,7 @@ mod tests {
     /// Reading the token before taking the watch's lock fails this within a few thousand rounds.
     #[test]
     fn our_own_checkpoints_racing_our_readers_never_invalidate() {
-        // On the project's disk: /tmp may be tmpfs.
-        let base = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/tmp");
-        std::fs::create_dir_all(base).unwrap();
-        let dir = tempfile::tempdir_in(base).unwrap();
-        let path = dir.path().join("db");
-        std::fs::write(&path, vec![0u8; 4096]).unwrap();
-        let engine = bpe_core::Engine::new(bpe_core::Config::default());
-        let file = engine.open_file(&path, 4096).unwrap();
+        let (_dir, _path, engine, file) = one_page_file();
         let watch = FileWatch::default();
         let backfill = AtomicU32::new(0);
         let read = || {
