@@ -12,8 +12,12 @@ use std::sync::Arc;
 const EXT: u64 = 16 << 20;
 
 fn shared_engine() -> Arc<Engine> {
+    shared_engine_with(4 << 20)
+}
+
+fn shared_engine_with(max_memory: u64) -> Arc<Engine> {
     Engine::new(Config {
-        max_memory: 4 << 20,
+        max_memory,
         shared_extension: true,
         ..Config::default()
     })
@@ -401,14 +405,8 @@ fn pages_one_engine_keeps_reading_outlive_a_ring_the_other_turns() {
     let data = make_file(dir.path(), "data", 7000, PAGE);
     settle();
     let ext = dir.path().join("ext.bpe");
-    let engine = || {
-        Engine::new(Config {
-            max_memory: 512 << 10, // ~120 pages of RAM
-            shared_extension: true,
-            ..Config::default()
-        })
-    };
-    let (a, b) = (engine(), engine());
+    // ~120 pages of RAM each.
+    let (a, b) = (shared_engine_with(512 << 10), shared_engine_with(512 << 10));
     let (fa, fb) = (
         a.open_file(&data, PAGE).unwrap(),
         b.open_file(&data, PAGE).unwrap(),
