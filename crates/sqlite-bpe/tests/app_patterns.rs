@@ -635,11 +635,16 @@ fn oob_value(tag: char, id: i64) -> String {
 /// A rollback-journal database whose rows all carry `tag`; built by the same statements for
 /// every tag, so that the files differ only in the rows' bytes (change counters equal).
 fn oob_db(path: &Path, tag: char) {
+    oob_db_in(path, tag, "DELETE");
+}
+
+/// [`oob_db`] in the journal mode `journal`.
+fn oob_db_in(path: &Path, tag: char, journal: &str) {
     let c = open_unix(path);
-    c.execute_batch(
-        "PRAGMA journal_mode = DELETE;
-         CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT NOT NULL);",
-    )
+    c.execute_batch(&format!(
+        "PRAGMA journal_mode = {journal};
+         CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT NOT NULL);"
+    ))
     .unwrap();
     let tx = c.unchecked_transaction().unwrap();
     for id in 1..=OOB_ROWS {
@@ -699,10 +704,15 @@ struct Expect {
 /// pool caches it); `change` alters the file outside SQLite; then a new connection and the
 /// holder read it again. Through bpe when `bpe`, else through the unix VFS (the reference).
 /// Returns what differs from `expect`.
-fn out_of_band(bpe: bool, change: impl Fn(&Path, &Path), expect: &Expect) -> Vec<String> {
+fn out_of_band(
+    bpe: bool,
+    journal: &str,
+    change: impl Fn(&Path, &Path),
+    expect: &Expect,
+) -> Vec<String> {
     let dir = tempdir();
     let db = dir.path().join("app.db");
-    oob_db(&db, 'A');
+    oob_db_in(&db, 'A', journal);
     let holder = open_reader(&db, bpe);
     for _ in 0..2 {
         assert_eq!(tagged_rows(&holder, 'A'), (OOB_ROWS, OOB_ROWS));
@@ -732,12 +742,17 @@ fn out_of_band(bpe: bool, change: impl Fn(&Path, &Path), expect: &Expect) -> Vec
 /// Runs the scenario with the unix VFS (which must give `expect`: the scenario is sound) and
 /// then with bpe.
 fn check_out_of_band(change: impl Fn(&Path, &Path), expect: Expect) {
-    let reference = out_of_band(false, &change, &expect);
+    check_out_of_band_in("DELETE", change, expect);
+}
+
+/// [`check_out_of_band`] with the database in the journal mode `journal`.
+fn check_out_of_band_in(journal: &str, change: impl Fn(&Path, &Path), expect: Expect) {
+    let reference = out_of_band(false, journal, &change, &expect);
     assert!(
         reference.is_empty(),
         "the scenario does not hold with plain SQLite: {reference:?}"
     );
-    let problems = out_of_band(true, &change, &expect);
+    let problems = out_of_band(true, journal, &change, &expect);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
@@ -763,6 +778,54 @@ fn a_database_restored_with_cp_over_the_open_file_is_read_fresh() {
             holder: (OOB_ROWS, OOB_ROWS),
         },
     );
+}
+
+/// The same in WAL mode with nothing waiting for a checkpoint, where the wal-index cannot show
+/// the change and the file's stamp is the one signal: the connection opened after the copy
+/// reads the new rows, and so does the one open across it (its next read transaction comes
+/// later than the interval at which the stamp is looked at again: change_detect.rs).
+#[test]
+fn a_wal_database_restored_with_cp_over_the_open_file_is_read_fresh() {
+    check_out_of_band_in(
+        "WAL",
+        |dir, db| {
+            let backup = dir.join("backup.db");
+            // (WAL mode ignores the header's change counter: the wal-index is its signal.)
+            oob_db_in(&backup, 'B', "WAL");
+            std::fs::copy(&backup, db).unwrap(); // O_TRUNC and write, like cp
+        },
+        Expect {
+            new_connection: (OOB_ROWS, OOB_ROWS),
+            holder: (OOB_ROWS, OOB_ROWS),
+        },
+    );
+}
+
+/// WAL mode with nothing to checkpoint, the connection open across the copy alone (no other
+/// connection opens the file, whose first lock would look at the stamp): its read transactions
+/// look at the stamp again once per interval (change_detect.rs), so the first one begun an
+/// interval after the copy reads the new rows. Plain SQLite, with its page cache emptied,
+/// reads them too.
+#[test]
+fn a_wal_connection_open_across_a_cp_restore_reads_it_fresh() {
+    for bpe in [false, true] {
+        let dir = tempdir();
+        let db = dir.path().join("app.db");
+        oob_db_in(&db, 'A', "WAL");
+        let holder = open_reader(&db, bpe);
+        for _ in 0..2 {
+            assert_eq!(tagged_rows(&holder, 'A'), (OOB_ROWS, OOB_ROWS));
+        }
+        let backup = dir.path().join("backup.db");
+        oob_db_in(&backup, 'B', "WAL");
+        std::fs::copy(&backup, &db).unwrap(); // O_TRUNC and write, like cp
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert_eq!(
+            tagged_rows(&holder, 'B'),
+            (OOB_ROWS, OOB_ROWS),
+            "bpe: {bpe}: the connection open across the copy read old rows"
+        );
+    }
 }
 
 /// A page patched in place (`dd conv=notrunc`): one row's bytes replaced, header untouched.

@@ -721,25 +721,20 @@ unsafe extern "C" fn shm_lock(
             conn.wal_lock(real, guarded, true);
         }
         if flags & SQLITE_SHM_SHARED != 0 && offset >= WAL_READ_LOCK0 {
-            // A read transaction begins (WAL mode): has anyone else checkpointed? The file's
-            // stamp is taken now where it is needed at once (read mark 0, whose snapshot is the
-            // file alone; no wal-index), else only if the wal-index look needs it.
+            // A read transaction begins (WAL mode): has anyone else checkpointed?
             let mark0 = offset == WAL_READ_LOCK0;
-            let stamp = if mark0 || conn.shm0.is_null() {
-                conn.handle.stamp_now().ok()
-            } else {
-                None
-            };
-            if mark0 {
-                // Read mark 0: no checkpoint writes the database file while the mark is held
-                // (wal.c takes it exclusively to backfill). The snapshot is the file alone,
-                // except under `readonly_shm` with a wal-index rebuilt in heap memory, where
-                // SQLite reads WAL frames too; the file's size holds either way.
-                conn.size_at_lock = conn.size_of(stamp.as_ref());
-            }
             if conn.shm0.is_null() {
                 // No wal-index mapped (`readonly_shm`: SQLite reads the WAL file itself, and
                 // holds its database lock for the connection's life): the stamp is the signal.
+                let stamp = conn.handle.stamp_now().ok();
+                if mark0 {
+                    // Read mark 0: no checkpoint writes the database file while the mark is
+                    // held (wal.c takes it exclusively to backfill). The snapshot is the file
+                    // alone, except under `readonly_shm` with a wal-index rebuilt in heap
+                    // memory, where SQLite reads WAL frames too; the file's size holds either
+                    // way.
+                    conn.size_at_lock = conn.size_of(stamp.as_ref());
+                }
                 conn.watch
                     .begin_read(&conn.engine, &conn.handle, None, stamp);
             } else {
@@ -750,15 +745,22 @@ unsafe extern "C" fn shm_lock(
                 // SAFETY: as above, and real is this connection's open unix file.
                 let pages =
                     |from, to, salts| unsafe { wal_frame_pages(real, shm0, from, to, salts) };
+                // The stamp, only if the wal-index look needs it (a system call saved per read
+                // transaction otherwise).
+                let taken = std::cell::Cell::new(None);
+                let handle = &conn.handle;
                 let stamp = || {
-                    if mark0 {
-                        stamp
-                    } else {
-                        conn.handle.stamp_now().ok()
-                    }
+                    let s = handle.stamp_now().ok();
+                    taken.set(s);
+                    s
                 };
                 conn.watch
                     .begin_read_wal(&conn.engine, &conn.handle, read_token, &pages, stamp);
+                if mark0 {
+                    // As above; taken after the mark was granted, it answers SQLite's size
+                    // query too. Not taken, SQLite's own stat call answers it, as in stock.
+                    conn.size_at_lock = conn.size_of(taken.get().as_ref());
+                }
                 if let Some(pos) = &conn.replica_pos {
                     // SAFETY: as above; the header's first copy is region 0's first 48 bytes.
                     let seen = unsafe { std::slice::from_raw_parts(shm0, 48) }.to_vec();
