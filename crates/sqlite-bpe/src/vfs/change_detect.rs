@@ -26,6 +26,9 @@
 //!   releasing the lock they were made under, so a changed stamp means another writer. In WAL
 //!   mode a stamp change while frames wait for a checkpoint may be a checkpoint in progress in
 //!   another process (it updates nBackfill only when done): we wait for the wal-index to say.
+//!   Where nothing waits, a read transaction looks at the stamp at most once a millisecond
+//!   (and at the first after an open): a system call at every one cost speedtest1's one-row
+//!   SELECTs a fifth of their time, where stock SQLite makes none.
 //!
 //! Another writer's checkpoint forgets just the pages it backfilled: the wal-index lists the
 //! page of every frame, and after a restart the pages we kept say what the old WAL held. A
