@@ -781,9 +781,9 @@ fn a_database_restored_with_cp_over_the_open_file_is_read_fresh() {
 }
 
 /// The same in WAL mode with nothing waiting for a checkpoint, where the wal-index cannot show
-/// the change and the file's stamp is the one signal: the connection opened after the copy
-/// reads the new rows, and so does the one open across it (its next read transaction comes
-/// later than the interval at which the stamp is looked at again: change_detect.rs).
+/// the change: the new connection's first lock (before its wal-index is mapped) compares the
+/// file's stamp, and the connection open across the copy then reads the new rows too. (The
+/// open connection alone: the next test.)
 #[test]
 fn a_wal_database_restored_with_cp_over_the_open_file_is_read_fresh() {
     check_out_of_band_in(

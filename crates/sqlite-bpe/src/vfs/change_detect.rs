@@ -40,9 +40,10 @@
 //!
 //! What no check can catch (docs/SQLITE.md): a change outside SQLite's protocol made while one
 //! of our connections is inside its own write transaction on the file, or that restores the
-//! stamp (size and both times) exactly; on kernels before 6.13 (coarse timestamps), one made
-//! within the same clock tick as our own last write; and on file systems whose page cache is not
-//! coherent across clients (NFS), anything another machine writes.
+//! stamp (size and both times) exactly; in WAL mode, one followed within
+//! `OUTSIDE_WRITE_CHECK_INTERVAL` by another process's commit; on kernels before 6.13 (coarse
+//! timestamps), one made within the same clock tick as our own last write; and on file systems
+//! whose page cache is not coherent across clients (NFS), anything another machine writes.
 
 use super::peer_log::{Explained, PeerLog};
 use bpe_core::sync::{Mutex, Rank};
@@ -65,8 +66,10 @@ pub struct FileWatch {
 /// system call (0.66 µs here), and a one-row read transaction costs about 3 µs: taken at each,
 /// it made speedtest1's 140,000 one-row SELECTs (test 410) 19 % slower, where stock SQLite
 /// makes no call at all. A write outside SQLite's protocol is so seen by every read transaction
-/// that begins this long after it ends, and by every connection opened after it; SQLite's own
-/// page cache, which trusts the wal-index alone, gives no more.
+/// that begins this long after it ends, and by every connection opened after it, unless
+/// another process commits within that time (frames then wait, and a changed stamp can be a
+/// checkpoint); a write transaction of ours after a skipped look looks first. SQLite's own page
+/// cache, which trusts the wal-index alone, gives no more.
 pub const OUTSIDE_WRITE_CHECK_INTERVAL: Duration = Duration::from_millis(1);
 
 impl Default for FileWatch {
@@ -93,6 +96,9 @@ struct Watch {
     /// When a WAL read transaction last took the stamp for a write outside SQLite's protocol;
     /// None after an open, so that the next one takes it.
     outside_checked_at: Option<Instant>,
+    /// A read transaction skipped that look (within the interval): our next write transaction
+    /// looks before its commit, whose checkpoint would otherwise accept a changed stamp unseen.
+    outside_look_skipped: bool,
 }
 
 /// The change counter in header bytes 24..40.
@@ -101,6 +107,26 @@ fn counter(header: &[u8; 16]) -> u32 {
 }
 
 impl Watch {
+    /// Compares the file's stamp (`stamp`) with the one last accepted, with nothing waiting
+    /// for a checkpoint: a change is a write outside SQLite's protocol, and the file is
+    /// forgotten. A stamp that cannot be taken leaves the next look due.
+    fn look_outside(
+        &mut self,
+        engine: &Engine,
+        file: &FileHandle,
+        stamp: impl FnOnce() -> Option<FileStamp>,
+    ) {
+        let Some(s) = stamp() else {
+            return;
+        };
+        self.outside_checked_at = Some(Instant::now());
+        self.outside_look_skipped = false;
+        if file.known_stamp().is_none_or(|k| k.stamp != s) {
+            engine.invalidate_file(file);
+            file.accept_stamp(s);
+        }
+    }
+
     /// The commit log, mapped on first use (None where it cannot be).
     fn log(&mut self, file: &FileHandle) -> Option<&PeerLog> {
         if self.log.is_none() {
@@ -463,21 +489,15 @@ impl FileWatch {
             // elsewhere, which says so in nBackfill when it is done. Pages it is writing are in
             // the WAL for every reader until then. No stamp is needed to know that.
         } else {
-            let now = Instant::now();
+            // Nothing to checkpoint: a changed stamp can only be a write outside SQLite's
+            // protocol.
             let due = w
                 .outside_checked_at
-                .is_none_or(|at| now.duration_since(at) >= self.outside_check_interval);
-            if !due {
-                return;
-            }
-            w.outside_checked_at = Some(now);
-            if let Some(s) = stamp() {
-                if file.known_stamp().is_none_or(|k| k.stamp != s) {
-                    // Nothing to checkpoint, yet the file changed: a write outside SQLite's
-                    // protocol.
-                    engine.invalidate_file(file);
-                    file.accept_stamp(s);
-                }
+                .is_none_or(|at| at.elapsed() >= self.outside_check_interval);
+            if due {
+                w.look_outside(engine, file, stamp);
+            } else {
+                w.outside_look_skipped = true;
             }
         }
     }
@@ -540,13 +560,22 @@ impl FileWatch {
         held: bool,
     ) {
         let mut w = self.state.lock();
-        let change = w.wal.look(read_token(), pages);
+        let token = read_token();
+        let change = w.wal.look(token, pages);
+        let accounted = change != Forget::Nothing;
         forget(engine, file, change);
         if lock.write {
             w.wal.writing = held;
             if held {
                 // A WAL commit may follow, which the rollback-mode log cannot record.
                 w.break_peer_chains(file);
+                let nothing_waits = token.is_some_and(|t| t.backfill == t.max_frame);
+                if w.outside_look_skipped && nothing_waits && !accounted && !w.wal.checkpointing {
+                    // The last look for a write outside SQLite's protocol was skipped: once
+                    // frames wait, no look can tell such a write from a checkpoint, and the
+                    // checkpoint after our commit accepts the file's stamp.
+                    w.look_outside(engine, file, || file.stamp_now().ok());
+                }
             }
         }
         if lock.checkpoint {
@@ -1112,6 +1141,23 @@ mod tests {
             "a connection opened after a write outside SQLite's protocol missed it"
         );
 
+        // A read within the interval skipped its look; a write outside SQLite's protocol then,
+        // and a write transaction of ours before the next look: it looks before it commits
+        // (after its commit the checkpoint accepts whatever stamp the file has).
+        watch.begin_read_wal(&engine, &file, nothing_waits, &pages, stamp);
+        write_outside_sqlite(4096);
+        let write = WalLocks {
+            write: true,
+            checkpoint: false,
+        };
+        watch.wal_lock(&engine, &file, nothing_waits, &pages, write, true);
+        assert_eq!(
+            invalidations(),
+            2,
+            "a write transaction after a skipped look missed a write outside SQLite's protocol"
+        );
+        watch.wal_lock(&engine, &file, nothing_waits, &pages, write, false);
+
         // The default interval: a read transaction begun that long after a write sees it.
         let watch = FileWatch::default();
         watch.begin_read_wal(&engine, &file, nothing_waits, &pages, stamp);
@@ -1120,7 +1166,7 @@ mod tests {
         watch.begin_read_wal(&engine, &file, nothing_waits, &pages, stamp);
         assert_eq!(
             invalidations(),
-            2,
+            3,
             "a write outside SQLite's protocol was missed one interval after it"
         );
     }

@@ -783,7 +783,7 @@ unsafe extern "C" fn shm_lock(
 
 impl Conn {
     /// The size SQLite's next `xFileSize` is answered with, from the stamp just taken as a read
-    /// transaction began. Stock SQLite makes a stat call there (`pagerPagecount`: in rollback
+    /// transaction began (in WAL mode, where `begin_read_wal` took one). Stock SQLite makes a stat call there (`pagerPagecount`: in rollback
     /// mode at each read transaction, in WAL mode only when the wal-index knows no page count,
     /// as after it is rebuilt from an empty WAL), and ours then stands in for it. Unused, it
     /// waits under the lock and goes with the next call that may change the size.
