@@ -157,6 +157,43 @@ fn hot_pages_outlive_the_ring(sharing: bpe_core::Sharing) {
     );
 }
 
+/// Only a copy that served a read is renewed. A page read from the data file is admitted to the
+/// extension then; where RAM holds pages longer than half a turn of the ring, its copy is in
+/// the older half when it leaves RAM, and renewing it there wrote every page twice: the ring
+/// turned twice as fast, and a scan a little larger than it found nothing left (faults.rs).
+#[test]
+fn pages_read_from_the_data_file_are_written_to_the_extension_once() {
+    for sharing in [bpe_core::Sharing::Private, bpe_core::Sharing::Shared] {
+        let dir = tempdir();
+        let path = make_file(dir.path(), "data", 1200, PAGE);
+        let engine = engine(512 << 10); // ~120 pages of RAM: less than a region of the ring
+        let f = engine.open_file(&path, PAGE).unwrap();
+        engine
+            .enable_extension_as(&dir.path().join("ext.bpe"), 2 << 20, sharing)
+            .unwrap();
+        // Out of order, so that no readahead reads pages ahead of their reader.
+        for i in 0..1200u64 {
+            read(&engine, &f, (i * 7919) % 1200);
+            if i % 32 == 31 {
+                // The writer keeps up, so no admission is dropped for being behind.
+                assert!(engine.wait_for_extension_writes(WAIT), "{sharing:?}");
+            }
+        }
+        assert!(engine.wait_for_extension_writes(WAIT), "{sharing:?}");
+        let c = engine.counters();
+        assert_eq!(c.ext_admissions_dropped, 0, "{sharing:?}");
+        assert!(
+            c.lazy_writes > 1000,
+            "{sharing:?}: RAM did not turn over: {} evictions",
+            c.lazy_writes
+        );
+        assert_eq!(
+            c.ext_page_writes, 1200,
+            "{sharing:?}: pages read once from the data file were written to the extension again"
+        );
+    }
+}
+
 #[test]
 fn a_write_drops_the_extension_copy_before_returning() {
     let dir = tempdir();

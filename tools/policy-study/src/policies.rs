@@ -190,6 +190,7 @@ impl Policy for Ours {
                     now_ms: 0,
                     read_micros: 0,
                     prefetched: false,
+                    from_extension: false,
                     current_key: None,
                     shared: None,
                     dirty: false,

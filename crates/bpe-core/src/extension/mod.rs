@@ -350,8 +350,11 @@ impl Extension {
 
     /// Offers a clean page (just read from the data file, or leaving RAM). Never blocks: if the
     /// writer is behind, the page is not admitted (and is offered again when it leaves RAM). A
-    /// page whose unchanged copy is already here is not written again, unless that copy is in
-    /// the older half of the ring ([`Extension::nears_the_tail`]).
+    /// page whose unchanged copy is already here is not written again, unless it was read from
+    /// that copy and the copy is in the older half of the ring ([`Extension::nears_the_tail`]).
+    /// Only a copy that served a read is renewed: a page read from the data file was admitted
+    /// then, and renewing its copy as it leaves RAM too wrote every page twice where the ring
+    /// turns within L1's residence time (a scan a little larger than a small ring: no hit left).
     pub fn admit(&self, frame: &Arc<Frame>) {
         // Clean pages only: a dirty frame's bytes are not in the data file yet (the pool never
         // evicts one; this is where the invariant is checked).
@@ -375,10 +378,9 @@ impl Extension {
         }
         let seq = self.next_seq.fetch_add(1, Relaxed);
         // Staged before it is sent: the writer indexes only what is still staged.
-        if !self
-            .store
-            .stage(frame, seq, &|copy| !self.nears_the_tail(copy))
-        {
+        if !self.store.stage(frame, seq, &|copy| {
+            !(frame.from_extension && self.nears_the_tail(copy))
+        }) {
             return;
         }
         let staged = Staged {

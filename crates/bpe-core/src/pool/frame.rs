@@ -17,6 +17,8 @@ pub struct Frame {
     pub freq: AtomicU8,
     /// Brought in by readahead and not yet read: its first read is not a re-reference.
     prefetched: AtomicBool,
+    /// Read from the extension: its copy there has served a read (see `Extension::admit`).
+    pub from_extension: bool,
     resident: AtomicBool,
     /// Written by the writer but not yet to the data file (write-behind, see `BufferPool`): the
     /// only copy of these bytes. Set only at install; cleared once they are in the file.
@@ -44,6 +46,8 @@ pub struct NewFrame<'a> {
     pub now_ms: u64,
     pub read_micros: u32,
     pub prefetched: bool,
+    /// Set by the pool from the load's source (`BufferPool::finish_load`).
+    pub from_extension: bool,
     pub current_key: Option<Arc<AtomicU32>>,
     pub shared: Option<SharedRead>,
     /// Not yet in the data file: see [`Frame::is_dirty`].
@@ -65,6 +69,7 @@ impl Frame {
             data: slot.filled(new.data),
             freq: AtomicU8::new(0),
             prefetched: AtomicBool::new(new.prefetched),
+            from_extension: new.from_extension,
             resident: AtomicBool::new(true),
             dirty: AtomicBool::new(new.dirty),
             loaded_ms: new.now_ms,

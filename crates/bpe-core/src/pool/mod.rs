@@ -154,6 +154,10 @@ impl BufferPool {
         source: LoadSource,
         sink: &dyn EvictionSink,
     ) -> bool {
+        let frame = NewFrame {
+            from_extension: source == LoadSource::Extension,
+            ..frame
+        };
         let frame = self.build(frame, sink);
         self.release(&ticket, frame, Some(source), sink)
     }
