@@ -1033,6 +1033,17 @@ mod tests {
         (dir, path, engine, file)
     }
 
+    /// A wal-index of ten frames, `backfill` of them checkpointed.
+    fn ten_frames_backfilled_to(backfill: u32) -> Option<WalToken> {
+        Some(WalToken {
+            salts: [7, 9],
+            change: 1,
+            backfill,
+            max_frame: 10,
+            rest: [3_007_000, 0, 0, 0, 0, 0, 0],
+        })
+    }
+
     /// The file's stamp costs a system call, so a WAL read transaction takes it only where it
     /// can say what the wal-index cannot: not while frames wait for a checkpoint (a change to
     /// the file may be one in progress, which nBackfill will show; stock SQLite makes no stat
@@ -1044,17 +1055,7 @@ mod tests {
         // Every transaction with nothing to checkpoint is due a look (the interval has its own
         // test below).
         let watch = FileWatch::checking_outside_writes_every(Duration::ZERO);
-        let token = |backfill| {
-            move || {
-                Some(WalToken {
-                    salts: [7, 9],
-                    change: 1,
-                    backfill,
-                    max_frame: 10,
-                    rest: [3_007_000, 0, 0, 0, 0, 0, 0],
-                })
-            }
-        };
+        let token = |backfill| move || ten_frames_backfilled_to(backfill);
         let pages = |_: u32, _: u32, _: [u32; 2]| -> Option<Vec<u32>> { Some(vec![2, 3]) };
         let stamps = std::cell::Cell::new(0);
         let stamp = || {
@@ -1103,15 +1104,7 @@ mod tests {
     #[test]
     fn a_wal_read_looks_for_writes_outside_sqlite_once_per_interval_and_after_an_open() {
         let (_dir, path, engine, file) = one_page_file();
-        let nothing_waits = || {
-            Some(WalToken {
-                salts: [7, 9],
-                change: 1,
-                backfill: 10,
-                max_frame: 10,
-                rest: [3_007_000, 0, 0, 0, 0, 0, 0],
-            })
-        };
+        let nothing_waits = || ten_frames_backfilled_to(10);
         let pages = |_: u32, _: u32, _: [u32; 2]| -> Option<Vec<u32>> { None };
         let stamps = std::cell::Cell::new(0);
         let stamp = || {
