@@ -59,8 +59,10 @@ pub struct CommonArgs {
     /// kernel-throttled slow volume the benchmark makes, uses and removes (needs root, loop
     /// devices and cgroup v1 blkio): `slowvol:hdd` (150 IOPS, 200 MiB/s, reads and writes
     /// each), `slowvol:gp3` (3000, 125 MiB/s, reads and writes each), `slowvol:<IOPS>`,
-    /// `slowvol:<IOPS>:<MiB/s>` (reads only). Default: emulated:hdd
-    /// (autocommit: emulated:2ms), or real when --data-dir is given.
+    /// `slowvol:<IOPS>:<MiB/s>` (reads only); any of them with `+<N>ms` or `+<N>us`
+    /// (`slowvol:gp3+1ms`, a network volume: each request held that long, through FUSE, which
+    /// the throttle alone never adds below its cap). Default: emulated:hdd (autocommit:
+    /// emulated:2ms), or real when --data-dir is given.
     #[arg(long, value_name = "DEVICE")]
     pub data_device: Option<String>,
     /// Leave the slow volume (`--data-device slowvol:...`) mounted after the run, with its

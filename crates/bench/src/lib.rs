@@ -22,6 +22,7 @@ mod autocommit;
 mod cgroup;
 mod child;
 mod db;
+mod latency_volume;
 pub mod lookup;
 mod plot;
 mod progress;
@@ -64,8 +65,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// In a configuration's process (one a benchmark or the demo started, with `BPE_BENCH_CHILD`
 /// naming the configuration): runs the configuration, hands its results to the parent and
 /// returns how that went; the same in a helper process a configuration started. None in any
-/// other process.
+/// other process. Also the server of a slow volume's latency (`slowvol:...+1ms`), started by
+/// the benchmark with [`latency_volume::SERVE_ARG`].
 pub fn run_child() -> Option<anyhow::Result<()>> {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(served) = latency_volume::serve_if_asked(&args) {
+        return Some(served);
+    }
     let spec = child::spec_from_env()?;
     let results = match spec.bench.as_str() {
         "lookup" => lookup::child(spec.config.clone(), spec.sample_ms),

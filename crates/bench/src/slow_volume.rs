@@ -13,7 +13,11 @@
 //!
 //! The throttle shapes throughput, not each request: at queue depth 1 the mean latency is
 //! 1/IOPS, but single requests can come back early and others wait a whole throttle slice.
+//! Below the cap it adds no latency at all; a `+<N>ms` or `+<N>us` suffix
+//! (`slowvol:gp3+1ms`) adds a network volume's: the loop device's image is then served through
+//! FUSE, each request held that long ([`crate::latency_volume`]).
 
+use crate::latency_volume;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -46,6 +50,8 @@ pub struct VolumePreset {
     /// Write caps, IOPS and MiB/s (None: writes are not held).
     pub write_iops: Option<u32>,
     pub write_mib_s: Option<u32>,
+    /// Each request's latency, µs (None: the fast disk's own, under the throttle).
+    pub latency_us: Option<u32>,
 }
 
 impl VolumePreset {
@@ -53,6 +59,15 @@ impl VolumePreset {
     pub fn parse(s: &str) -> anyhow::Result<Option<VolumePreset>> {
         let Some(spec) = s.strip_prefix("slowvol:") else {
             return Ok(None);
+        };
+        let (spec, latency_us) = match spec.split_once('+') {
+            None => (spec, None),
+            Some((spec, latency)) => match parse_latency_us(latency) {
+                Some(us) => (spec, Some(us)),
+                None => bail!(
+                    "bad latency in slow volume {s:?}: write it after the preset as +<N>ms or +<N>us (e.g. slowvol:gp3+1ms), a whole number above 0 and at most 1000 ms"
+                ),
+            },
         };
         let positive = |n: &str| n.parse::<u32>().ok().filter(|&v| v > 0);
         let (read_iops, read_mib_s) = match spec.split_once(':') {
@@ -77,6 +92,7 @@ impl VolumePreset {
             read_mib_s,
             write_iops: named.then_some(read_iops),
             write_mib_s: read_mib_s.filter(|_| named),
+            latency_us,
         }))
     }
 
@@ -88,18 +104,36 @@ impl VolumePreset {
             Some(w) => format!("; writes {w} IOPS{}", bandwidth(self.write_mib_s)),
             None => String::new(),
         };
+        let latency = match self.latency_us {
+            Some(us) => format!("; every request held {us} µs (FUSE under the loop device)"),
+            None => String::new(),
+        };
         format!(
-            "kernel-throttled loop volume, {} read IOPS{}{writes} (cgroup v1 blkio)",
+            "kernel-throttled loop volume, {} read IOPS{}{writes} (cgroup v1 blkio){latency}",
             self.read_iops,
             bandwidth(self.read_mib_s)
         )
     }
 
-    /// The name of its image, mount point and cgroup: one per IOPS, so that a kept volume is
-    /// found again by a run with the same preset.
+    /// The name of its image, mount point and cgroup: one per IOPS and latency, so that a kept
+    /// volume is found again by a run with the same preset.
     fn tag(&self) -> String {
-        format!("bpe-bench-slowvol-{}", self.read_iops)
+        match self.latency_us {
+            Some(us) => format!("bpe-bench-slowvol-{}-{us}us", self.read_iops),
+            None => format!("bpe-bench-slowvol-{}", self.read_iops),
+        }
     }
+}
+
+/// `1ms` or `800us` as µs: a whole number above 0, at most a second.
+fn parse_latency_us(s: &str) -> Option<u32> {
+    let (n, scale) = if let Some(ms) = s.strip_suffix("ms") {
+        (ms, 1000)
+    } else {
+        (s.strip_suffix("us")?, 1)
+    };
+    let us = n.parse::<u32>().ok()?.checked_mul(scale)?;
+    (1..=1_000_000).contains(&us).then_some(us)
 }
 
 /// The volume as the results record it.
@@ -115,6 +149,13 @@ pub struct VolumeInfo {
     pub write_iops: Option<u32>,
     #[serde(default)]
     pub write_mib_s: Option<u32>,
+    /// Each request's added latency, µs (None: none added).
+    #[serde(default)]
+    pub latency_us: Option<u32>,
+    /// Where the FUSE file system serving the image with that latency is mounted.
+    #[serde(default)]
+    pub latency_mount: Option<PathBuf>,
+    /// The image on the fast disk (behind the FUSE file system, when there is one).
     pub image: PathBuf,
     pub image_gib: u64,
     pub loop_device: String,
@@ -142,7 +183,15 @@ impl SlowVolume {
         let image = PathBuf::from(format!("/var/tmp/{tag}.img"));
         let mount = PathBuf::from(format!("/mnt/{tag}"));
         let cgroup = Path::new(BLKIO_ROOT).join(&tag);
-        let existing = loop_device_of(&image)?;
+        // With a latency the loop device reaches the image through the FUSE server.
+        let latency_mount = preset
+            .latency_us
+            .map(|_| PathBuf::from(format!("/mnt/{tag}-net")));
+        let loop_file = match &latency_mount {
+            Some(m) => m.join(latency_volume::IMAGE_NAME),
+            None => image.clone(),
+        };
+        let existing = loop_device_of(&loop_file)?;
         let reused = existing.is_some() && is_mount_point(&mount);
         let loop_device = match existing {
             Some(dev) if reused => dev,
@@ -150,6 +199,9 @@ impl SlowVolume {
                 // A run that died half-way left parts behind: start again from nothing.
                 if let Some(dev) = stale {
                     run("losetup", &["-d", &dev])?;
+                }
+                if let Some(m) = latency_mount.as_deref().filter(|m| is_mount_point(m)) {
+                    run("umount", &[&path_str(m)])?;
                 }
                 eprintln!(
                     "making the slow volume: {IMAGE_GIB} GiB sparse image {}, ext4 on a loop device, mounted at {}",
@@ -161,9 +213,12 @@ impl SlowVolume {
                     .and_then(|f| f.set_len(IMAGE_GIB << 30))
                     .with_context(|| format!("creating {}", image.display()))?;
                 run("mkfs.ext4", &["-q", "-F", &path_str(&image)])?;
+                if let (Some(m), Some(us)) = (&latency_mount, preset.latency_us) {
+                    start_latency_server(&image, m, us)?;
+                }
                 let dev = run(
                     "losetup",
-                    &["-f", "--show", "--direct-io=on", &path_str(&image)],
+                    &["-f", "--show", "--direct-io=on", &path_str(&loop_file)],
                 )?;
                 std::fs::create_dir_all(&mount)?;
                 // No background zeroing of inode tables: it would write to the volume during
@@ -179,6 +234,8 @@ impl SlowVolume {
                 read_mib_s: preset.read_mib_s,
                 write_iops: preset.write_iops,
                 write_mib_s: preset.write_mib_s,
+                latency_us: preset.latency_us,
+                latency_mount,
                 image,
                 image_gib: IMAGE_GIB,
                 loop_device,
@@ -252,11 +309,14 @@ impl SlowVolume {
         if let Some(previous) = self.left_from.lock().map(|mut g| g.take()).ok().flatten() {
             join(&previous)?;
         }
+        let latency_mount = self.info.latency_mount.as_deref();
         if self.info.kept {
+            let unmount_server = latency_mount
+                .map(|m| format!("; umount {}", m.display()))
+                .unwrap_or_default();
             eprintln!(
-                "slow volume kept at {} (a later run with --data-device slowvol:{} reuses it; remove it with `umount {}; losetup -d {}; rm {}`)",
+                "slow volume kept at {} (a later run with the same --data-device reuses it; remove it with `umount {}; losetup -d {}{unmount_server}; rm {}`)",
                 self.info.mount.display(),
-                self.info.read_iops,
                 self.info.mount.display(),
                 self.info.loop_device,
                 self.info.image.display()
@@ -265,6 +325,12 @@ impl SlowVolume {
         }
         run("umount", &[&path_str(&self.info.mount)])?;
         run("losetup", &["-d", &self.info.loop_device])?;
+        if let Some(m) = latency_mount {
+            // Ends the server.
+            run("umount", &[&path_str(m)])?;
+            let _ = std::fs::remove_dir(m);
+            let _ = std::fs::remove_file(self.info.image.with_extension("log"));
+        }
         std::fs::remove_file(&self.info.image)?;
         let _ = std::fs::remove_dir(&self.info.mount);
         // Fails while a process is still in it (a child that outlived us): left for a later run.
@@ -314,6 +380,46 @@ pub fn check_prerequisites() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Starts the process serving `image` at `mount` with each request held `latency_us`
+/// ([`latency_volume`]), and waits for the mount. Its own process group: a kept volume outlives
+/// the run and the terminal's Ctrl-C.
+fn start_latency_server(image: &Path, mount: &Path, latency_us: u32) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt;
+    std::fs::create_dir_all(mount)?;
+    let log_path = image.with_extension("log");
+    let log = std::fs::File::create(&log_path)?;
+    let mut server = Command::new(std::env::current_exe()?)
+        .arg(latency_volume::SERVE_ARG)
+        .arg(image)
+        .arg(mount)
+        .arg(latency_us.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("starting the latency volume's server")?;
+    let served = mount.join(latency_volume::IMAGE_NAME);
+    for _ in 0..200 {
+        if is_mount_point(mount) && served.exists() {
+            return Ok(());
+        }
+        if let Some(status) = server.try_wait()? {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            bail!(
+                "the latency volume's server ended ({status}): {}",
+                log.trim()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = server.kill();
+    bail!(
+        "the latency volume's server did not mount {} within 10 s",
+        mount.display()
+    )
 }
 
 /// Runs `program` with `args`; its trimmed stdout, or an error with its stderr.
@@ -401,6 +507,35 @@ mod tests {
             describe("slowvol:80"),
             "kernel-throttled loop volume, 80 read IOPS (cgroup v1 blkio)"
         );
+    }
+
+    #[test]
+    fn a_latency_suffix_holds_every_request_and_names_its_own_volume() {
+        let p = |s| VolumePreset::parse(s).unwrap().unwrap();
+        let net = p("slowvol:gp3+1ms");
+        assert_eq!(
+            (net.read_iops, net.write_iops, net.latency_us),
+            (3000, Some(3000), Some(1000))
+        );
+        assert_eq!(p("slowvol:420:60+800us").latency_us, Some(800));
+        assert_eq!(p("slowvol:gp3").latency_us, None);
+        assert!(net
+            .description()
+            .ends_with("; every request held 1000 µs (FUSE under the loop device)"));
+        // A kept volume without the latency is not found again by a run with it, nor the reverse.
+        assert_ne!(net.tag(), p("slowvol:gp3").tag());
+        assert_ne!(net.tag(), p("slowvol:gp3+2ms").tag());
+        for bad in [
+            "slowvol:gp3+",
+            "slowvol:gp3+1",
+            "slowvol:gp3+0ms",
+            "slowvol:gp3+1.5ms",
+            "slowvol:gp3+1001ms",
+            "slowvol:gp3+1s",
+        ] {
+            let e = VolumePreset::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(bad) && e.contains("+<N>ms"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -71,3 +71,54 @@ fn lookup_on_a_slow_volume_runs_stock_beside_bpe_under_the_throttle() {
         assert!(!std::path::Path::new(p).exists(), "{p} is still there");
     }
 }
+
+/// A network volume's latency (`+<N>us`): the volume is served through its FUSE server, the
+/// results say so, and the server's mount goes with the volume.
+#[test]
+fn a_slow_volume_with_a_latency_is_served_through_fuse_and_taken_down() {
+    if let Some(why) = missing_prerequisite() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    if !std::path::Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: no /dev/fuse");
+        return;
+    }
+    let device = "slowvol:1931+200us";
+    let (stdout, v) = common::run_bench_printing(&[
+        "lookup",
+        "--quick",
+        "--data-device",
+        device,
+        "--rows",
+        "4000",
+        "--lookups",
+        "200",
+        "--memory-mb",
+        "2",
+        "--extension-mb",
+        "64",
+        "--reference-mib",
+        "0",
+        "--configs",
+        "limited_memory_bpe,stock_limited_memory",
+    ]);
+    let description = "kernel-throttled loop volume, 1931 read IOPS (cgroup v1 blkio); every request held 200 µs (FUSE under the loop device)";
+    assert!(stdout.contains(description), "{stdout}");
+    let volume = &v["storage"]["data_volume"];
+    assert_eq!(volume["latency_us"], 200);
+    let server_mount = volume["latency_mount"].as_str().unwrap();
+    assert_eq!(v["configs"].as_array().unwrap().len(), 2);
+    for c in v["configs"].as_array().unwrap() {
+        assert_eq!(c["details"]["blkio_cgroup"], volume["blkio_cgroup"], "{c}");
+    }
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    assert!(
+        !mounts.contains(server_mount),
+        "{server_mount} is still mounted"
+    );
+    for path in ["mount", "image", "blkio_cgroup", "latency_mount"] {
+        let p = volume[path].as_str().unwrap();
+        assert!(!std::path::Path::new(p).exists(), "{p} is still there");
+    }
+}

@@ -11,7 +11,10 @@ struct Cli {
 }
 
 fn main() -> std::process::ExitCode {
-    match bpe_bench::run(Cli::parse().bench) {
+    // A configuration's process, or a helper one started (before the arguments, which are not
+    // the benchmark's there).
+    let done = bpe_bench::run_child().unwrap_or_else(|| bpe_bench::run(Cli::parse().bench));
+    match done {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // The error and its causes (`{:#}`), without the backtrace anyhow's Debug form adds
