@@ -25,15 +25,10 @@ fn missing_prerequisite() -> Option<&'static str> {
     None
 }
 
-#[test]
-fn lookup_on_a_slow_volume_runs_stock_beside_bpe_under_the_throttle() {
-    if let Some(why) = missing_prerequisite() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    // An IOPS figure of its own, so that it never meets a volume another run keeps.
-    let device = "slowvol:1931";
-    let (stdout, v) = common::run_bench_printing(&[
+/// A small `lookup` on `device` (the benchmark makes the volume and takes it down), with `more`
+/// arguments; what it printed and its JSON results.
+fn quick_lookup_on(device: &str, more: &[&str]) -> (String, serde_json::Value) {
+    let mut args = vec![
         "lookup",
         "--quick",
         "--data-device",
@@ -46,9 +41,19 @@ fn lookup_on_a_slow_volume_runs_stock_beside_bpe_under_the_throttle() {
         "2",
         "--extension-mb",
         "64",
-        "--reference-mib",
-        "16",
-    ]);
+    ];
+    args.extend_from_slice(more);
+    common::run_bench_printing(&args)
+}
+
+#[test]
+fn lookup_on_a_slow_volume_runs_stock_beside_bpe_under_the_throttle() {
+    if let Some(why) = missing_prerequisite() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    // An IOPS figure of its own (1931), so that it never meets a volume another run keeps.
+    let (stdout, v) = quick_lookup_on("slowvol:1931", &["--reference-mib", "16"]);
     let description = "kernel-throttled loop volume, 1931 read IOPS (cgroup v1 blkio)";
     assert!(stdout.contains(description), "{stdout}");
     for stock in [
@@ -84,25 +89,15 @@ fn a_slow_volume_with_a_latency_is_served_through_fuse_and_taken_down() {
         eprintln!("skipped: no /dev/fuse");
         return;
     }
-    let device = "slowvol:1931+200us";
-    let (stdout, v) = common::run_bench_printing(&[
-        "lookup",
-        "--quick",
-        "--data-device",
-        device,
-        "--rows",
-        "4000",
-        "--lookups",
-        "200",
-        "--memory-mb",
-        "2",
-        "--extension-mb",
-        "64",
-        "--reference-mib",
-        "0",
-        "--configs",
-        "limited_memory_bpe,stock_limited_memory",
-    ]);
+    let (stdout, v) = quick_lookup_on(
+        "slowvol:1931+200us",
+        &[
+            "--reference-mib",
+            "0",
+            "--configs",
+            "limited_memory_bpe,stock_limited_memory",
+        ],
+    );
     let description = "kernel-throttled loop volume, 1931 read IOPS (cgroup v1 blkio); every request held 200 µs (FUSE under the loop device)";
     assert!(stdout.contains(description), "{stdout}");
     let volume = &v["storage"]["data_volume"];
