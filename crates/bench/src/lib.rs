@@ -42,11 +42,9 @@ pub use args::{BenchArgs, CommonArgs, Experiment};
 pub use report::{BenchReport, ConfigResult};
 pub use storage::{DataDevice, Storage};
 
-/// Runs one benchmark (or, in a child process, one configuration of it).
+/// Runs one benchmark. A binary calls [`run_child`] first, before it parses its arguments,
+/// which are not the benchmark's in a configuration's or a helper's process.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    if let Some(done) = run_child() {
-        return done;
-    }
     let (report, common) = match &args.experiment {
         Experiment::Lookup(a) => (lookup::run(a)?, &a.common),
         Experiment::Scan(a) => (scan::run(a)?, &a.common),
