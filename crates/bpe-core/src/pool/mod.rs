@@ -68,6 +68,9 @@ pub enum Lookup {
 pub struct Ticket {
     pub key: PageKey,
     pending: Arc<Pending>,
+    /// For a write that replaced a resident frame: that frame's access count. The new frame
+    /// keeps the old one's standing (see [`Replacer::push_rewritten`]).
+    rewrites: Option<u8>,
 }
 
 pub struct BufferPool {
@@ -120,7 +123,11 @@ impl BufferPool {
         }
         let pending = Arc::new(Pending::new(false));
         shard.pending.insert(key, pending.clone());
-        Lookup::Load(Ticket { key, pending })
+        Lookup::Load(Ticket {
+            key,
+            pending,
+            rewrites: None,
+        })
     }
 
     /// Whether the page is resident (no access is recorded: for checkpoints).
@@ -141,7 +148,11 @@ impl BufferPool {
         }
         let pending = Arc::new(Pending::new(false));
         shard.pending.insert(key, pending.clone());
-        Some(Ticket { key, pending })
+        Some(Ticket {
+            key,
+            pending,
+            rewrites: None,
+        })
     }
 
     /// Installs a loaded page unless a write to it started meanwhile (or memory is full of
@@ -185,12 +196,17 @@ impl BufferPool {
                 // The loader finishes its I/O but will not install it (see finish_load).
                 p.invalidate();
             }
-            if let Some(old) = shard.frames.remove(&key) {
+            let rewrites = shard.frames.remove(&key).map(|old| {
                 self.forget(&old);
-            }
+                old.freq.load(Relaxed)
+            });
             let pending = Arc::new(Pending::new(true));
             shard.pending.insert(key, pending.clone());
-            return Ticket { key, pending };
+            return Ticket {
+                key,
+                pending,
+                rewrites,
+            };
         }
     }
 
@@ -308,7 +324,10 @@ impl BufferPool {
         ticket.pending.complete();
         if let Some(f) = frame {
             let mut r = self.replacer.lock();
-            r.push(&f);
+            match ticket.rewrites {
+                Some(freq) => r.push_rewritten(&f, freq),
+                None => r.push(&f),
+            }
             r.compact_if_sparse(self.live_frames.load(Relaxed));
             drop(r);
             // The target may have shrunk while this frame's bytes were reserved.
