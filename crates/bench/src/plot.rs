@@ -162,6 +162,7 @@ where
                 }
             })
             .x_desc(unit)
+            .x_label_formatter(&|v| log_tick_label(*v))
             .light_line_style(WHITE)
             .label_style(("sans-serif", 15))
             .draw()
@@ -278,4 +279,40 @@ where
             .map_err(err)?;
     }
     Ok(())
+}
+
+/// A log axis's tick label: plotters puts a tick at every multiple of each power of ten, and
+/// nine labels a decade overlap, so only 1, 2 and 5 times a power of ten are named.
+fn log_tick_label(v: f64) -> String {
+    if v <= 0.0 {
+        return String::new();
+    }
+    let decade = 10f64.powf(v.log10().floor());
+    let lead = v / decade;
+    let named = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .any(|l| (lead - l).abs() < 0.01);
+    match (named, v) {
+        (false, _) => String::new(),
+        (true, v) if v >= 1e6 => format!("{}M", v / 1e6),
+        (true, v) if v >= 1e3 => format!("{}k", v / 1e3),
+        (true, v) => format!("{v}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_tick_label;
+
+    #[test]
+    fn a_log_axis_names_one_two_and_five_of_each_decade() {
+        let labels: Vec<String> = [10_000.0, 20_000.0, 30_000.0, 50_000.0, 70_000.0, 100_000.0]
+            .into_iter()
+            .map(log_tick_label)
+            .collect();
+        assert_eq!(labels, ["10k", "20k", "", "50k", "", "100k"]);
+        assert_eq!(log_tick_label(2_000_000.0), "2M");
+        assert_eq!(log_tick_label(5.0), "5");
+        assert_eq!(log_tick_label(0.0), "");
+    }
 }
