@@ -282,21 +282,25 @@ where
 }
 
 /// A log axis's tick label: plotters puts a tick at every multiple of each power of ten, and
-/// nine labels a decade overlap, so only 1, 2 and 5 times a power of ten are named.
+/// nine labels a decade overlap, so only 1, 2 and 5 times a power of ten are named. Ticks come
+/// from floating-point steps, so a value within 1 % of a named one is named as that one.
 fn log_tick_label(v: f64) -> String {
-    if v <= 0.0 {
+    if !(v.is_finite() && v > 0.0) {
         return String::new();
     }
     let decade = 10f64.powf(v.log10().floor());
     let lead = v / decade;
-    let named = [1.0, 2.0, 5.0, 10.0]
-        .iter()
-        .any(|l| (lead - l).abs() < 0.01);
-    match (named, v) {
-        (false, _) => String::new(),
-        (true, v) if v >= 1e6 => format!("{}M", v / 1e6),
-        (true, v) if v >= 1e3 => format!("{}k", v / 1e3),
-        (true, v) => format!("{v}"),
+    let Some(l) = [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .find(|l| (lead - l).abs() < 0.01)
+    else {
+        return String::new();
+    };
+    let v = (l * decade).round();
+    match v {
+        v if v >= 1e6 => format!("{}M", v / 1e6),
+        v if v >= 1e3 => format!("{}k", v / 1e3),
+        v => format!("{v}"),
     }
 }
 
@@ -314,5 +318,8 @@ mod tests {
         assert_eq!(log_tick_label(2_000_000.0), "2M");
         assert_eq!(log_tick_label(5.0), "5");
         assert_eq!(log_tick_label(0.0), "");
+        assert_eq!(log_tick_label(99_999.99), "100k");
+        assert_eq!(log_tick_label(999_999.999_9), "1M");
+        assert_eq!(log_tick_label(f64::NAN), "");
     }
 }

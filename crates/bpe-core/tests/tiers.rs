@@ -84,12 +84,8 @@ fn pages_read_from_the_data_file_reach_the_extension_once_and_are_not_written_at
     // A rewritten page loses its L2 copy; evicting everything then writes only that page.
     engine.write_page(&f, 5, &page_bytes(5, 1, PAGE)).unwrap();
     engine.set_max_memory(256 << 10).unwrap();
-    // From L2: pushes page 5 out of RAM. The rewrite kept its place in the main queue, so it
-    // takes a few rounds of pages that earn their own.
-    for _ in 0..3 {
-        for p in 100..200u64 {
-            read(&engine, &f, p);
-        }
+    for p in 100..200u64 {
+        read(&engine, &f, p); // from L2: pushes page 5 out of RAM
     }
     assert!(engine.wait_for_extension_writes(WAIT));
     let in_ram = |p: u64| {
@@ -283,7 +279,7 @@ fn a_large_scan_does_not_flush_the_hot_set() {
 
 /// A WAL checkpoint (or a rollback-mode commit) rewrites the hot pages, and in WAL mode SQLite
 /// reads them from the WAL meanwhile, not from L1: the rewritten frames see no access before the
-/// next scan. A rewrite is an access, so they must keep the standing they had.
+/// next scan. They must keep the standing the old frames had.
 #[test]
 fn rewritten_hot_pages_keep_their_place_through_a_scan() {
     let dir = tempdir();
@@ -317,6 +313,38 @@ fn rewritten_hot_pages_keep_their_place_through_a_scan() {
     assert!(
         still_hot >= 54,
         "only {still_hot} of 60 rewritten hot pages survived a 3000-page scan"
+    );
+}
+
+/// A large UPDATE reads each page once and writes it: its rewrites must stay on probation, as
+/// the reads alone would, and leave the hot set in RAM.
+#[test]
+fn a_scan_that_writes_does_not_flush_the_hot_set() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 3000, PAGE);
+    let engine = bpe_core::Engine::new(bpe_core::Config {
+        max_memory: 1 << 20, // ~250 pages
+        readahead: false,
+        ..Default::default()
+    });
+    let f = engine.open_file(&path, PAGE).unwrap();
+    let hot: Vec<u64> = (0..60).map(|i| i * 41).collect();
+    for _ in 0..3 {
+        for &p in &hot {
+            read(&engine, &f, p);
+        }
+    }
+    for p in (0..3000).filter(|p| !hot.contains(p)) {
+        read(&engine, &f, p);
+        engine.write_page(&f, p, &page_bytes(p, 1, PAGE)).unwrap();
+    }
+    let still_hot = hot
+        .iter()
+        .filter(|&&p| read(&engine, &f, p).1 == Tier::Memory)
+        .count();
+    assert!(
+        still_hot >= 54,
+        "only {still_hot} of 60 hot pages survived a 3000-page scan that wrote every page"
     );
 }
 

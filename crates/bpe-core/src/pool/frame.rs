@@ -15,6 +15,9 @@ pub struct Frame {
     pub data: Slot,
     /// Accesses since queued (saturates at 3); the replacer reads and decays it.
     pub freq: AtomicU8,
+    /// In the replacer's main queue (set when it gets there): a write that replaces this frame
+    /// puts the new one there too (see `Replacer::push_rewritten`).
+    pub in_main: AtomicBool,
     /// Brought in by readahead and not yet read: its first read is not a re-reference.
     prefetched: AtomicBool,
     /// Read from the extension: its copy there has served a read (see `Extension::admit`).
@@ -68,6 +71,7 @@ impl Frame {
             key: new.key,
             data: slot.filled(new.data),
             freq: AtomicU8::new(0),
+            in_main: AtomicBool::new(false),
             prefetched: AtomicBool::new(new.prefetched),
             from_extension: new.from_extension,
             resident: AtomicBool::new(true),

@@ -68,9 +68,16 @@ pub enum Lookup {
 pub struct Ticket {
     pub key: PageKey,
     pending: Arc<Pending>,
-    /// For a write that replaced a resident frame: that frame's access count. The new frame
-    /// keeps the old one's standing (see [`Replacer::push_rewritten`]).
-    rewrites: Option<u8>,
+    /// For a write that replaced a resident frame: where that frame stood. The new frame
+    /// keeps it (see [`Replacer::push_rewritten`]).
+    rewrites: Option<Standing>,
+}
+
+/// A frame's place in the replacer: its access count, and whether it reached the main queue.
+#[derive(Clone, Copy)]
+struct Standing {
+    freq: u8,
+    in_main: bool,
 }
 
 pub struct BufferPool {
@@ -198,7 +205,10 @@ impl BufferPool {
             }
             let rewrites = shard.frames.remove(&key).map(|old| {
                 self.forget(&old);
-                old.freq.load(Relaxed)
+                Standing {
+                    freq: old.freq.load(Relaxed),
+                    in_main: old.in_main.load(Relaxed),
+                }
             });
             let pending = Arc::new(Pending::new(true));
             shard.pending.insert(key, pending.clone());
@@ -325,7 +335,7 @@ impl BufferPool {
         if let Some(f) = frame {
             let mut r = self.replacer.lock();
             match ticket.rewrites {
-                Some(freq) => r.push_rewritten(&f, freq),
+                Some(old) => r.push_rewritten(&f, old.freq, old.in_main),
                 None => r.push(&f),
             }
             r.compact_if_sparse(self.live_frames.load(Relaxed));

@@ -35,23 +35,35 @@ impl Replacer {
     pub fn push(&mut self, frame: &Arc<Frame>) {
         let entry = (Arc::downgrade(frame), frame.charge());
         if self.ghost.remove(&frame.key) {
-            self.main.push_back(entry);
+            self.enqueue_in_main(frame, entry);
         } else {
             self.small_bytes += entry.1;
             self.small.push_back(entry);
         }
     }
 
-    /// Queues the frame a write installed in place of a resident one: into main, with the old
-    /// frame's access count. A rewrite is an access. Without this, every checkpoint or commit
-    /// that rewrote a hot page sent it back to the probationary queue with no accesses; in WAL
-    /// mode SQLite then reads the page from the WAL, not from L1, so the new frame saw no hit
-    /// before the small queue evicted it, and the hot page went round through L2 (issue 25:
-    /// TPC-C at 25 % memory wrote and read about three L2 pages a transaction so).
-    pub fn push_rewritten(&mut self, frame: &Arc<Frame>, freq: u8) {
-        frame.freq.store(freq, Relaxed);
-        self.ghost.remove(&frame.key);
-        self.main.push_back((Arc::downgrade(frame), frame.charge()));
+    /// Queues the frame a write installed in place of a resident one where the old frame stood:
+    /// main if it was there, else the small queue; with the old frame's access count either way.
+    /// Without this every rewrite entered the small queue with no accesses, however hot the
+    /// page: in WAL mode SQLite then reads the page from the WAL, not from L1, so the new frame
+    /// saw no hit before the small queue evicted it, and each page a checkpoint rewrote went
+    /// round through L2 (issue 25: TPC-C at 25 % memory read two to three L2 pages a
+    /// transaction so). A page read once and then written (a large UPDATE) stays on probation,
+    /// so a scan that writes flushes the hot set no more than a scan that reads.
+    pub fn push_rewritten(&mut self, frame: &Arc<Frame>, freq: u8, was_in_main: bool) {
+        // fetch_max: the new frame is in the page table already and may have been hit since.
+        frame.freq.fetch_max(freq, Relaxed);
+        if was_in_main {
+            self.ghost.remove(&frame.key);
+            self.enqueue_in_main(frame, (Arc::downgrade(frame), frame.charge()));
+        } else {
+            self.push(frame);
+        }
+    }
+
+    fn enqueue_in_main(&mut self, frame: &Frame, entry: Entry) {
+        frame.in_main.store(true, Relaxed);
+        self.main.push_back(entry);
     }
 
     /// Picks the next victim among live clean frames, or None when nothing is queued or every
@@ -78,12 +90,12 @@ impl Replacer {
                 };
                 if frame.is_dirty() {
                     dirty_seen += 1;
-                    self.main.push_back(entry);
+                    self.enqueue_in_main(&frame, entry);
                     continue;
                 }
                 if frame.freq.load(Relaxed) > 0 {
                     frame.freq.store(0, Relaxed);
-                    self.main.push_back(entry);
+                    self.enqueue_in_main(&frame, entry);
                     continue;
                 }
                 self.remember_ghost(frame.key, live_frames);
