@@ -248,29 +248,64 @@ fn a_write_drops_the_extension_copy_before_returning() {
     );
 }
 
-#[test]
-fn a_large_scan_does_not_flush_the_hot_set() {
-    let dir = tempdir();
-    let path = make_file(dir.path(), "data", 3000, PAGE);
-    let engine = bpe_core::Engine::new(bpe_core::Config {
-        max_memory: 1 << 20, // ~240 pages
-        readahead: false,
-        ..Default::default()
-    });
-    let f = engine.open_file(&path, PAGE).unwrap();
-    let hot: Vec<u64> = (0..60).map(|i| i * 41).collect();
-    for _ in 0..3 {
-        for &p in &hot {
-            read(&engine, &f, p);
+/// 3,000 pages on disk, 1 MB of RAM (~250 frames) and 60 hot pages, each read three times.
+struct HotSet {
+    _dir: tempfile::TempDir,
+    engine: std::sync::Arc<bpe_core::Engine>,
+    f: bpe_core::FileHandle,
+    hot: Vec<u64>,
+}
+
+impl HotSet {
+    const PAGES: u64 = 3000;
+
+    fn new() -> Self {
+        let dir = tempdir();
+        let path = make_file(dir.path(), "data", Self::PAGES, PAGE);
+        let engine = bpe_core::Engine::new(bpe_core::Config {
+            max_memory: 1 << 20,
+            readahead: false,
+            ..Default::default()
+        });
+        let f = engine.open_file(&path, PAGE).unwrap();
+        let hot: Vec<u64> = (0..60).map(|i| i * 41).collect();
+        for _ in 0..3 {
+            for &p in &hot {
+                read(&engine, &f, p);
+            }
+        }
+        HotSet {
+            _dir: dir,
+            engine,
+            f,
+            hot,
         }
     }
-    for p in 0..3000 {
-        read(&engine, &f, p);
+
+    fn cold(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..Self::PAGES).filter(|p| !self.hot.contains(p))
     }
-    let still_hot = hot
-        .iter()
-        .filter(|&&p| read(&engine, &f, p).1 == Tier::Memory)
-        .count();
+
+    /// How many hot pages are still in RAM; each must read as `version`.
+    fn still_in_memory(&self, version: u64) -> usize {
+        self.hot
+            .iter()
+            .filter(|&&p| {
+                let (bytes, tier) = read(&self.engine, &self.f, p);
+                assert_eq!(decode(&bytes), Some((p, version)), "page {p}");
+                tier == Tier::Memory
+            })
+            .count()
+    }
+}
+
+#[test]
+fn a_large_scan_does_not_flush_the_hot_set() {
+    let h = HotSet::new();
+    for p in h.cold() {
+        read(&h.engine, &h.f, p);
+    }
+    let still_hot = h.still_in_memory(0);
     assert!(
         still_hot >= 54,
         "only {still_hot} of 60 hot pages survived a 3000-page scan"
@@ -282,34 +317,16 @@ fn a_large_scan_does_not_flush_the_hot_set() {
 /// next scan. They must keep the standing the old frames had.
 #[test]
 fn rewritten_hot_pages_keep_their_place_through_a_scan() {
-    let dir = tempdir();
-    let path = make_file(dir.path(), "data", 3000, PAGE);
-    let engine = bpe_core::Engine::new(bpe_core::Config {
-        max_memory: 1 << 20, // ~240 pages
-        readahead: false,
-        ..Default::default()
-    });
-    let f = engine.open_file(&path, PAGE).unwrap();
-    let hot: Vec<u64> = (0..60).map(|i| i * 41).collect();
-    for _ in 0..3 {
-        for &p in &hot {
-            read(&engine, &f, p);
-        }
+    let h = HotSet::new();
+    for &p in &h.hot {
+        h.engine
+            .write_page(&h.f, p, &page_bytes(p, 1, PAGE))
+            .unwrap();
     }
-    for &p in &hot {
-        engine.write_page(&f, p, &page_bytes(p, 1, PAGE)).unwrap();
+    for p in h.cold() {
+        read(&h.engine, &h.f, p);
     }
-    for p in (0..3000).filter(|p| !hot.contains(p)) {
-        read(&engine, &f, p);
-    }
-    let still_hot = hot
-        .iter()
-        .filter(|&&p| {
-            let (bytes, tier) = read(&engine, &f, p);
-            assert_eq!(decode(&bytes), Some((p, 1)), "page {p}: not the rewrite");
-            tier == Tier::Memory
-        })
-        .count();
+    let still_hot = h.still_in_memory(1);
     assert!(
         still_hot >= 54,
         "only {still_hot} of 60 rewritten hot pages survived a 3000-page scan"
@@ -320,28 +337,14 @@ fn rewritten_hot_pages_keep_their_place_through_a_scan() {
 /// the reads alone would, and leave the hot set in RAM.
 #[test]
 fn a_scan_that_writes_does_not_flush_the_hot_set() {
-    let dir = tempdir();
-    let path = make_file(dir.path(), "data", 3000, PAGE);
-    let engine = bpe_core::Engine::new(bpe_core::Config {
-        max_memory: 1 << 20, // ~250 pages
-        readahead: false,
-        ..Default::default()
-    });
-    let f = engine.open_file(&path, PAGE).unwrap();
-    let hot: Vec<u64> = (0..60).map(|i| i * 41).collect();
-    for _ in 0..3 {
-        for &p in &hot {
-            read(&engine, &f, p);
-        }
+    let h = HotSet::new();
+    for p in h.cold() {
+        read(&h.engine, &h.f, p);
+        h.engine
+            .write_page(&h.f, p, &page_bytes(p, 1, PAGE))
+            .unwrap();
     }
-    for p in (0..3000).filter(|p| !hot.contains(p)) {
-        read(&engine, &f, p);
-        engine.write_page(&f, p, &page_bytes(p, 1, PAGE)).unwrap();
-    }
-    let still_hot = hot
-        .iter()
-        .filter(|&&p| read(&engine, &f, p).1 == Tier::Memory)
-        .count();
+    let still_hot = h.still_in_memory(0);
     assert!(
         still_hot >= 54,
         "only {still_hot} of 60 hot pages survived a 3000-page scan that wrote every page"
