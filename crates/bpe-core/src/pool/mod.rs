@@ -25,7 +25,7 @@ pub use slab::{Slab, Slot};
 use crate::config::{physical_memory, L1_SLAB_SLACK, SLOT_EVICTIONS, WRITE_BEHIND_SHARE};
 use crate::page::{FileKey, PageKey, PageKeyHash};
 use crate::sync::{Mutex, Rank, RwLock};
-use replacer::Replacer;
+use replacer::{Replacer, Standing};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -71,13 +71,6 @@ pub struct Ticket {
     /// For a write that replaced a resident frame: where that frame stood. The new frame
     /// keeps it (see [`Replacer::push_rewritten`]).
     rewrites: Option<Standing>,
-}
-
-/// A frame's place in the replacer: its access count, and whether it reached the main queue.
-#[derive(Clone, Copy)]
-struct Standing {
-    freq: u8,
-    in_main: bool,
 }
 
 pub struct BufferPool {
@@ -335,7 +328,7 @@ impl BufferPool {
         if let Some(f) = frame {
             let mut r = self.replacer.lock();
             match ticket.rewrites {
-                Some(old) => r.push_rewritten(&f, old.freq, old.in_main),
+                Some(old) => r.push_rewritten(&f, old),
                 None => r.push(&f),
             }
             r.compact_if_sparse(self.live_frames.load(Relaxed));

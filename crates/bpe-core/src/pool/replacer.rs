@@ -27,6 +27,13 @@ pub struct Replacer {
     ghost_fifo: VecDeque<PageKey>,
 }
 
+/// A frame's place in the replacer: its access count, and whether it reached the main queue.
+#[derive(Clone, Copy)]
+pub struct Standing {
+    pub freq: u8,
+    pub in_main: bool,
+}
+
 /// Share of the target kept for the probationary queue (1/N).
 const SMALL_SHARE: u64 = 10;
 
@@ -50,10 +57,10 @@ impl Replacer {
     /// round through L2 (issue 25: TPC-C at 25 % memory read two to three L2 pages a
     /// transaction so). A page read once and then written (a large UPDATE) stays on probation,
     /// so a scan that writes flushes the hot set no more than a scan that reads.
-    pub fn push_rewritten(&mut self, frame: &Arc<Frame>, freq: u8, was_in_main: bool) {
+    pub fn push_rewritten(&mut self, frame: &Arc<Frame>, old: Standing) {
         // fetch_max: the new frame is in the page table already and may have been hit since.
-        frame.freq.fetch_max(freq, Relaxed);
-        if was_in_main {
+        frame.freq.fetch_max(old.freq, Relaxed);
+        if old.in_main {
             self.ghost.remove(&frame.key);
             self.enqueue_in_main(frame, (Arc::downgrade(frame), frame.charge()));
         } else {
