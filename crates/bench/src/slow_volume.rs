@@ -196,13 +196,9 @@ impl SlowVolume {
         let loop_device = match existing {
             Some(dev) if reused => dev,
             stale => {
-                // A run that died half-way left parts behind: start again from nothing.
-                if let Some(dev) = stale {
-                    run("losetup", &["-d", &dev])?;
-                }
-                if let Some(m) = latency_mount.as_deref().filter(|m| is_mount_point(m)) {
-                    run("umount", &[&path_str(m)])?;
-                }
+                // A run that died half-way, or a kept volume whose latency server has ended,
+                // left parts behind: start again from nothing.
+                take_down_leftovers(&mount, stale, latency_mount.as_deref())?;
                 eprintln!(
                     "making the slow volume: {IMAGE_GIB} GiB sparse image {}, ext4 on a loop device, mounted at {}",
                     image.display(),
@@ -422,6 +418,53 @@ fn start_latency_server(image: &Path, mount: &Path, latency_us: u32) -> anyhow::
     )
 }
 
+/// Unmounts and detaches what an earlier run left of a volume: the file system at `mount`, the
+/// loop device under it and `loop_device` (found from the image when it could still be
+/// reached), and the latency server's mount. When the server has died, the image behind the
+/// loop device cannot be reached any more (the FUSE mount answers "not connected"), so the
+/// loop device is found from `mount`'s entry in /proc/mounts instead.
+fn take_down_leftovers(
+    mount: &Path,
+    loop_device: Option<String>,
+    latency_mount: Option<&Path>,
+) -> anyhow::Result<()> {
+    let mounted_from = mount_source(mount);
+    if mounted_from.is_some() {
+        unmount(mount)?;
+    }
+    let mut devices: Vec<String> = loop_device.into_iter().collect();
+    devices.extend(mounted_from.filter(|d| d.starts_with("/dev/loop")));
+    devices.dedup();
+    for dev in devices {
+        run("losetup", &["-d", &dev])?;
+    }
+    if let Some(m) = latency_mount.filter(|m| is_mount_point(m)) {
+        unmount(m)?;
+    }
+    Ok(())
+}
+
+/// `umount`, or a lazy one when the plain one fails (a dead FUSE server's mount, or a file
+/// system whose device can no longer be written).
+fn unmount(dir: &Path) -> anyhow::Result<()> {
+    let dir = path_str(dir);
+    if run("umount", &[&dir]).is_err() {
+        run("umount", &["-l", &dir])?;
+    }
+    Ok(())
+}
+
+/// The device mounted at `dir`, from /proc/mounts.
+fn mount_source(dir: &Path) -> Option<String> {
+    let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+    let dir = path_str(dir);
+    mounts.lines().find_map(|l| {
+        let mut fields = l.split_whitespace();
+        let source = fields.next()?;
+        (fields.next()? == dir).then(|| source.to_string())
+    })
+}
+
 /// Runs `program` with `args`; its trimmed stdout, or an error with its stderr.
 fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new(program)
@@ -453,13 +496,7 @@ fn loop_device_of(image: &Path) -> anyhow::Result<Option<String>> {
 }
 
 fn is_mount_point(dir: &Path) -> bool {
-    let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else {
-        return false;
-    };
-    let dir = path_str(dir);
-    mounts
-        .lines()
-        .any(|l| l.split_whitespace().nth(1) == Some(dir.as_str()))
+    mount_source(dir).is_some()
 }
 
 /// This process's blkio group (from /proc/self/cgroup), as a directory under the controller.

@@ -117,3 +117,80 @@ fn a_slow_volume_with_a_latency_is_served_through_fuse_and_taken_down() {
         assert!(!std::path::Path::new(p).exists(), "{p} is still there");
     }
 }
+
+/// A kept volume whose latency server has died (killed, or its machine's FUSE aborted) leaves
+/// the loop device behind a mount that answers "not connected": the next run finds the loop
+/// device from the volume's mount, detaches it, makes the volume again, and takes it down.
+#[test]
+fn a_kept_volume_whose_latency_server_died_is_made_again() {
+    if let Some(why) = missing_prerequisite() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    if !std::path::Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: no /dev/fuse");
+        return;
+    }
+    // Its own IOPS figure (1933): no other test or run meets this volume.
+    let device = "slowvol:1933+200us";
+    let args = ["--reference-mib", "0", "--configs", "limited_memory_bpe"];
+    let mut kept_args = args.to_vec();
+    kept_args.push("--keep-volume");
+    let (_, first) = quick_lookup_on(device, &kept_args);
+    let volume = &first["storage"]["data_volume"];
+    let mount = volume["mount"].as_str().unwrap().to_string();
+    let server_mount = volume["latency_mount"].as_str().unwrap().to_string();
+    let loop_device = volume["loop_device"].as_str().unwrap().to_string();
+    assert!(mount_source(&mount).is_some(), "{mount} was not kept");
+
+    let server = latency_server_of(&server_mount).expect("the kept volume's server runs");
+    let killed = Command::new("kill")
+        .args(["-9", &server.to_string()])
+        .status();
+    assert!(killed.unwrap().success());
+    while std::path::Path::new(&format!("/proc/{server}")).exists() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The parts the dead server leaves: the volume still mounted on its loop device.
+    assert_eq!(mount_source(&mount).as_deref(), Some(loop_device.as_str()));
+
+    let (_, second) = quick_lookup_on(device, &args);
+    let again = &second["storage"]["data_volume"];
+    assert_eq!(again["reused"], false, "{again}");
+    assert_eq!(second["configs"].as_array().unwrap().len(), 1);
+    // Everything is gone, the orphaned loop device with the rest.
+    assert_eq!(mount_source(&mount), None);
+    assert_eq!(mount_source(&server_mount), None);
+    let loops = Command::new("losetup").arg("-a").output().unwrap();
+    let loops = String::from_utf8_lossy(&loops.stdout);
+    assert!(
+        !loops.contains(&server_mount),
+        "a loop device is left: {loops}"
+    );
+    for path in ["mount", "image", "blkio_cgroup", "latency_mount"] {
+        let p = again[path].as_str().unwrap();
+        assert!(!std::path::Path::new(p).exists(), "{p} is still there");
+    }
+}
+
+/// The device mounted at `dir`, from /proc/mounts.
+fn mount_source(dir: &str) -> Option<String> {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    mounts.lines().find_map(|l| {
+        let mut fields = l.split_whitespace();
+        let source = fields.next()?;
+        (fields.next()? == dir).then(|| source.to_string())
+    })
+}
+
+/// The process serving the latency volume mounted at `server_mount`.
+fn latency_server_of(server_mount: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let serves = args.contains(&&b"__serve-latency-volume"[..]);
+        let here = args.contains(&server_mount.as_bytes());
+        (serves && here).then_some(pid)
+    })
+}
