@@ -25,6 +25,12 @@ fn missing_prerequisite() -> Option<&'static str> {
     None
 }
 
+/// What a volume with a latency needs besides: /dev/fuse for its server.
+fn missing_latency_prerequisite() -> Option<&'static str> {
+    missing_prerequisite()
+        .or_else(|| (!std::path::Path::new("/dev/fuse").exists()).then_some("no /dev/fuse"))
+}
+
 /// A small `lookup` on `device` (the benchmark makes the volume and takes it down), with `more`
 /// arguments; what it printed and its JSON results.
 fn quick_lookup_on(device: &str, more: &[&str]) -> (String, serde_json::Value) {
@@ -81,12 +87,8 @@ fn lookup_on_a_slow_volume_runs_stock_beside_bpe_under_the_throttle() {
 /// results say so, and the server's mount goes with the volume.
 #[test]
 fn a_slow_volume_with_a_latency_is_served_through_fuse_and_taken_down() {
-    if let Some(why) = missing_prerequisite() {
+    if let Some(why) = missing_latency_prerequisite() {
         eprintln!("skipped: {why}");
-        return;
-    }
-    if !std::path::Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: no /dev/fuse");
         return;
     }
     let (stdout, v) = quick_lookup_on(
@@ -123,12 +125,8 @@ fn a_slow_volume_with_a_latency_is_served_through_fuse_and_taken_down() {
 /// device from the volume's mount, detaches it, makes the volume again, and takes it down.
 #[test]
 fn a_kept_volume_whose_latency_server_died_is_made_again() {
-    if let Some(why) = missing_prerequisite() {
+    if let Some(why) = missing_latency_prerequisite() {
         eprintln!("skipped: {why}");
-        return;
-    }
-    if !std::path::Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: no /dev/fuse");
         return;
     }
     // Its own IOPS figure (1933): no other test or run meets this volume.
