@@ -146,7 +146,15 @@ fn a_kept_volume_whose_latency_server_died_is_made_again() {
         .args(["-9", &server.to_string()])
         .status();
     assert!(killed.unwrap().success());
-    while std::path::Path::new(&format!("/proc/{server}")).exists() {
+    // Gone, or a zombie where nothing reaps the orphaned server: either way it serves no more.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(format!("/proc/{server}/stat"))
+        .is_ok_and(|stat| !stat.contains(") Z "))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{server} outlived SIGKILL"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     // The parts the dead server leaves: the volume still mounted on its loop device.
