@@ -11,6 +11,7 @@
 //! | `BPE_DIRECT_IO` | `0` to read data files through the OS page cache (default `1`) |
 //! | `BPE_READAHEAD` | `0` to turn readahead off (default `1`) |
 //! | `BPE_WRITE_BEHIND` | `0` to write every page to the database file at once; by default a writer in rollback mode keeps its page writes in RAM until its sync or unlock, and a page SQLite spills many times in one transaction reaches the file once (default `1`) |
+//! | `BPE_LARGE_PAGES` | `0` to keep L1's page bytes on the kernel's 4 KiB pages; by default they are advised for transparent huge pages (`MADV_HUGEPAGE`), so that a hit rarely misses the TLB (default `1`; no effect where the kernel's `transparent_hugepage` is `never`) |
 //! | `BPE_DATA_LATENCY_US`, `BPE_DATA_WRITE_LATENCY_US`, `BPE_DATA_SYNC_LATENCY_US` | emulate a slow data device (benchmarks only): microseconds per read, per write, per sync (at most 1 s) |
 //! | `BPE_DATA_READ_MBPS`, `BPE_DATA_WRITE_MBPS` | its bandwidth in MB/s (10^6 bytes; 0 or unset: unlimited, else at least 1): a request takes its latency plus its size / bandwidth |
 //! | `BPE_DATA_IOPS`, `BPE_DATA_WRITE_IOPS` | its read and write IOPS caps (0 or unset: none), across all threads |
@@ -191,6 +192,9 @@ impl EnvConfig {
         }
         if let Some(v) = var("BPE_WRITE_BEHIND") {
             config.write_behind = flag("BPE_WRITE_BEHIND", &v)?;
+        }
+        if let Some(v) = var("BPE_LARGE_PAGES") {
+            config.large_pages = flag("BPE_LARGE_PAGES", &v)?;
         }
         if let Some(v) = var("BPE_EXTENSION_SHARED") {
             config.shared_extension = flag("BPE_EXTENSION_SHARED", &v)?;

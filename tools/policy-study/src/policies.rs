@@ -169,7 +169,7 @@ impl Ours {
     pub fn new(cap: usize, page_size: usize) -> Self {
         let charge = page_size as u64 + bpe_core::config::L1_FRAME_OVERHEAD;
         Ours {
-            pool: BufferPool::new(cap as u64 * charge),
+            pool: BufferPool::new(cap as u64 * charge, false),
             page_size,
         }
     }

@@ -84,7 +84,7 @@ pub struct Engine {
 impl Engine {
     pub fn new(config: Config) -> Arc<Engine> {
         Arc::new_cyclic(|me| Engine {
-            pool: BufferPool::new(config.max_memory),
+            pool: BufferPool::new(config.max_memory, config.large_pages),
             extension: RwLock::new(Rank::ExtensionSlot, None),
             lifecycle: Mutex::new(Rank::Status, lifecycle::Lifecycle::default()),
             admin: Mutex::new(Rank::Admin, ()),

@@ -88,12 +88,13 @@ pub struct BufferPool {
 }
 
 impl BufferPool {
-    pub fn new(target_bytes: u64) -> Self {
+    /// A pool that may use `target_bytes`, its page bytes on huge pages if `large_pages`.
+    pub fn new(target_bytes: u64, large_pages: bool) -> Self {
         // Address space for the largest max server memory accepted (the machine's memory), so
         // that raising it online never moves a frame.
         let reserve = physical_memory().unwrap_or(0).max(target_bytes) + L1_SLAB_SLACK;
         BufferPool {
-            slab: Slab::new(reserve, target_bytes + L1_SLAB_SLACK),
+            slab: Slab::new(reserve, target_bytes + L1_SLAB_SLACK, large_pages),
             shards: (0..SHARDS)
                 .map(|_| RwLock::new(Rank::Shard, Shard::default()))
                 .collect(),

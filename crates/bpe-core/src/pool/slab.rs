@@ -17,6 +17,8 @@ use std::sync::Arc;
 
 /// Bytes of one chunk: the largest page.
 pub const CHUNK_BYTES: usize = MAX_PAGE_SIZE;
+/// A transparent huge page on x86-64 and arm64 with 4 KiB base pages: the region's alignment.
+const HUGE_PAGE_BYTES: usize = 2 << 20;
 /// Page size classes: 512 B << class, class 0..=7.
 const CLASSES: usize = (MAX_PAGE_SIZE / MIN_PAGE_SIZE).trailing_zeros() as usize + 1;
 const NO_CLASS: u8 = u8::MAX;
@@ -34,26 +36,47 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
-    /// Reserves `chunks` chunks of address space (no memory is committed until touched).
-    fn reserve(chunks: usize) -> Option<Region> {
+    /// Reserves `chunks` chunks of address space (no memory is committed until touched),
+    /// starting on a huge-page boundary. With `large_pages` the range is advised for
+    /// transparent huge pages: chunks are handed out lowest first, so the touched prefix fills
+    /// whole 2 MiB pages and resident memory stays within one huge page of the chunks in use.
+    fn reserve(chunks: usize, large_pages: bool) -> Option<Region> {
         let len = chunks.checked_mul(CHUNK_BYTES)?;
+        let span = len.checked_add(HUGE_PAGE_BYTES)?;
         // SAFETY: an anonymous private mapping at an address of the kernel's choosing; it aliases
         // nothing. MAP_NORESERVE: the memory bound is ours to keep, not the kernel's swap's.
-        let ptr = unsafe {
+        let raw = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                span,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
                 0,
             )
         };
-        if ptr == libc::MAP_FAILED {
+        if raw == libc::MAP_FAILED {
             return None;
         }
+        let addr = raw as usize;
+        let start = addr.next_multiple_of(HUGE_PAGE_BYTES);
+        let (head, tail) = (start - addr, addr + span - (start + len));
+        // SAFETY: [addr, start) and [start + len, addr + span) lie in the mapping made above,
+        // outside the range kept; nothing refers to them. madvise only advises on the kept range.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((start + len) as *mut libc::c_void, tail);
+            }
+            if large_pages {
+                // Advice only: where the kernel has THP off, the range keeps 4 KiB pages.
+                libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+            }
+        }
         Some(Region {
-            base: NonNull::new(ptr.cast())?,
+            base: NonNull::new(start as *mut u8)?,
             chunks,
         })
     }
@@ -145,12 +168,12 @@ pub fn chunks_for(bytes: u64) -> u32 {
 }
 
 impl Slab {
-    /// A slab that can grow to `reserve_bytes` and may use `limit_bytes` now. If the address
-    /// space cannot be reserved, retries with `limit_bytes` (growth past it then caches nothing
-    /// more, and says so).
-    pub fn new(reserve_bytes: u64, limit_bytes: u64) -> Slab {
+    /// A slab that can grow to `reserve_bytes` and may use `limit_bytes` now, on huge pages if
+    /// `large_pages` (see `Region::reserve`). If the address space cannot be reserved, retries
+    /// with `limit_bytes` (growth past it then caches nothing more, and says so).
+    pub fn new(reserve_bytes: u64, limit_bytes: u64, large_pages: bool) -> Slab {
         let want = chunks_for(reserve_bytes.max(limit_bytes)) as usize;
-        let region = Region::reserve(want)
+        let region = Region::reserve(want, large_pages)
             .or_else(|| {
                 log::warn!(
                     "could not reserve {} MiB of address space for the buffer pool; reserving \
@@ -158,7 +181,7 @@ impl Slab {
                     (want * CHUNK_BYTES) >> 20,
                     limit_bytes >> 20
                 );
-                Region::reserve(chunks_for(limit_bytes).max(1) as usize)
+                Region::reserve(chunks_for(limit_bytes).max(1) as usize, large_pages)
             })
             .expect("reserve address space for the buffer pool");
         let limit = chunks_for(limit_bytes).min(region.chunks as u32);
@@ -342,7 +365,7 @@ mod tests {
 
     #[test]
     fn slots_of_one_size_fill_chunks_before_taking_new_ones() {
-        let slab = Slab::new(1 << 20, 1 << 20);
+        let slab = Slab::new(1 << 20, 1 << 20, false);
         let slots: Vec<Slot> = (0..32).map(|_| slab.alloc(4096).unwrap()).collect();
         assert_eq!(slab.live_chunk_bytes(), 2 * CHUNK_BYTES as u64);
         assert_eq!(slab.live_bytes(), 32 * 4096);
@@ -353,7 +376,7 @@ mod tests {
 
     #[test]
     fn the_limit_refuses_slots_beyond_it_and_a_freed_chunk_serves_another_size() {
-        let slab = Slab::new(1 << 20, 2 * CHUNK_BYTES as u64);
+        let slab = Slab::new(1 << 20, 2 * CHUNK_BYTES as u64, false);
         let big: Vec<Slot> = (0..2).map(|_| slab.alloc(65536).unwrap()).collect();
         assert!(slab.alloc(512).is_none(), "both chunks are taken");
         drop(big);
@@ -364,7 +387,7 @@ mod tests {
 
     #[test]
     fn slots_keep_their_bytes_and_never_overlap() {
-        let slab = Slab::new(1 << 20, 1 << 20);
+        let slab = Slab::new(1 << 20, 1 << 20, false);
         let slots: Vec<Slot> = (0..40u8)
             .map(|i| {
                 slab.alloc(1024 << (i % 3))
@@ -379,7 +402,7 @@ mod tests {
 
     #[test]
     fn shrinking_keeps_live_slots_and_refuses_new_chunks_until_they_go() {
-        let slab = Slab::new(1 << 20, 4 * CHUNK_BYTES as u64);
+        let slab = Slab::new(1 << 20, 4 * CHUNK_BYTES as u64, false);
         let slots: Vec<Slot> = (0..4)
             .map(|i| slab.alloc(65536).unwrap().filled(&[i; 65536]))
             .collect();
@@ -391,5 +414,47 @@ mod tests {
         );
         drop(slots);
         assert!(slab.alloc(65536).is_some());
+    }
+
+    /// The kernel's flags for the mapping that holds `addr` (`VmFlags` of /proc/self/smaps).
+    fn vm_flags_at(addr: usize) -> Vec<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().unwrap_or("");
+            if let Some((lo, hi)) = range.split_once('-') {
+                if let (Ok(lo), Ok(hi)) =
+                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+                {
+                    inside = (lo..hi).contains(&addr);
+                    continue;
+                }
+            }
+            if inside {
+                if let Some(flags) = line.strip_prefix("VmFlags:") {
+                    return flags.split_whitespace().map(str::to_owned).collect();
+                }
+            }
+        }
+        panic!("no mapping holds {addr:#x}");
+    }
+
+    #[test]
+    fn large_pages_advise_huge_pages_on_an_aligned_region_and_small_pages_do_not() {
+        for large in [true, false] {
+            let slab = Slab::new(64 << 20, 8 << 20, large);
+            let slot = slab.alloc(4096).unwrap().filled(&[7; 4096]);
+            let addr = slot.as_ptr() as usize;
+            assert_eq!(
+                addr % HUGE_PAGE_BYTES,
+                0,
+                "the first slot opens a huge page"
+            );
+            let advised = vm_flags_at(addr).iter().any(|f| f == "hg");
+            assert_eq!(
+                advised, large,
+                "MADV_HUGEPAGE on the slab with large_pages = {large}"
+            );
+        }
     }
 }
