@@ -84,6 +84,16 @@ impl Engine {
         if self.tracing.load(Relaxed) {
             self.trace.lock().push(key);
         }
+        if self.pool.copy_if_resident(key, buf, self.now_ms()) {
+            self.counters.l1_hits.bump();
+            if self.config.readahead {
+                self.read_ahead_in_background(file, key);
+            }
+            return Ok(PageRead {
+                tier: Tier::Memory,
+                len: page_size,
+            });
+        }
         loop {
             match self.pool.lookup(key) {
                 Lookup::Hit(frame) => {

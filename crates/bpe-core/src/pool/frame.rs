@@ -118,7 +118,9 @@ impl Frame {
 
     pub fn touch(&self, now_ms: u64) {
         self.last_access_ms.store(now_ms, Relaxed);
-        if self.prefetched.swap(false, Relaxed) {
+        // Looked at before it is swapped: a hit then writes the frame with plain stores only,
+        // which do not wait for its line, where a locked swap would.
+        if self.prefetched.load(Relaxed) && self.prefetched.swap(false, Relaxed) {
             return;
         }
         let f = self.freq.load(Relaxed);

@@ -20,7 +20,7 @@ pub use frame::{Frame, NewFrame};
 pub use pending::Pending;
 #[cfg(any(test, feature = "testing"))]
 pub use slab::CHUNK_BYTES;
-pub use slab::{Slab, Slot};
+pub use slab::{Slab, Slot, SlotAddress};
 
 use crate::config::{physical_memory, L1_SLAB_SLACK, SLOT_EVICTIONS, WRITE_BEHIND_SHARE};
 use crate::page::{FileKey, PageKey, PageKeyHash};
@@ -35,8 +35,30 @@ const SHARDS: usize = 64;
 
 #[derive(Default)]
 struct Shard {
-    frames: HashMap<PageKey, Arc<Frame>, PageKeyHash>,
+    frames: HashMap<PageKey, Resident, PageKeyHash>,
     pending: HashMap<PageKey, Arc<Pending>, PageKeyHash>,
+}
+
+/// A page table entry: the frame, and where its bytes are. A hit copies the bytes straight from
+/// the entry's address: reaching them through the frame would first read the frame's header,
+/// a second DRAM miss that the copy waits for (the page table's bucket is the first).
+struct Resident {
+    frame: Arc<Frame>,
+    bytes: SlotAddress,
+}
+
+impl Resident {
+    fn new(frame: Arc<Frame>) -> Resident {
+        let bytes = frame.data.address();
+        Resident { frame, bytes }
+    }
+}
+
+impl std::ops::Deref for Resident {
+    type Target = Arc<Frame>;
+    fn deref(&self) -> &Arc<Frame> {
+        &self.frame
+    }
 }
 
 /// Receives frames leaving L1, and frames just read from the data file, while the frame's shard
@@ -112,12 +134,12 @@ impl BufferPool {
 
     /// The hit path: one shard read lock. On a miss, registers the caller as the page's loader.
     pub fn lookup(&self, key: PageKey) -> Lookup {
-        if let Some(frame) = self.shard(&key).read().frames.get(&key) {
-            return Lookup::Hit(frame.clone());
+        if let Some(r) = self.shard(&key).read().frames.get(&key) {
+            return Lookup::Hit(r.frame.clone());
         }
         let mut shard = self.shard(&key).write();
-        if let Some(frame) = shard.frames.get(&key) {
-            return Lookup::Hit(frame.clone());
+        if let Some(r) = shard.frames.get(&key) {
+            return Lookup::Hit(r.frame.clone());
         }
         if let Some(p) = shard.pending.get(&key) {
             return Lookup::Wait(p.clone());
@@ -131,6 +153,27 @@ impl BufferPool {
         })
     }
 
+    /// A hit's fast path: copies the page into `buf` and records the access, if L1 holds it
+    /// with `buf`'s length. No reference to the frame is taken: the copy is made under the
+    /// shard's read lock, which keeps the frame in the table. False otherwise (the caller then
+    /// goes through [`BufferPool::lookup`]).
+    pub fn copy_if_resident(&self, key: PageKey, buf: &mut [u8], now_ms: u64) -> bool {
+        let shard = self.shard(&key).read();
+        let Some(r) = shard.frames.get(&key) else {
+            return false;
+        };
+        // SAFETY: the entry's frame owns the slot, and the entry cannot leave the table (that
+        // takes the shard's write lock) while `shard` is held, which outlives `bytes`. A frame's
+        // bytes are written once, before it is installed, and never again.
+        let bytes = unsafe { r.bytes.bytes() };
+        if bytes.len() != buf.len() {
+            return false;
+        }
+        buf.copy_from_slice(bytes);
+        r.frame.touch(now_ms);
+        true
+    }
+
     /// Whether the page is resident (no access is recorded: for checkpoints).
     pub fn contains(&self, key: PageKey) -> bool {
         self.shard(&key).read().frames.contains_key(&key)
@@ -138,7 +181,11 @@ impl BufferPool {
 
     /// The page's frame if resident, no access recorded (for checkpoints).
     pub fn peek(&self, key: PageKey) -> Option<Arc<Frame>> {
-        self.shard(&key).read().frames.get(&key).cloned()
+        self.shard(&key)
+            .read()
+            .frames
+            .get(&key)
+            .map(|r| r.frame.clone())
     }
 
     /// A loader ticket for readahead: only for pages neither cached nor in flight.
@@ -317,7 +364,7 @@ impl BufferPool {
             if f.is_dirty() {
                 self.dirty_bytes.fetch_add(f.charge(), Relaxed);
             }
-            if let Some(old) = shard.frames.insert(ticket.key, f.clone()) {
+            if let Some(old) = shard.frames.insert(ticket.key, Resident::new(f.clone())) {
                 self.forget(&old);
             }
             if loaded_from == Some(LoadSource::DataFile) {
@@ -480,7 +527,7 @@ impl BufferPool {
     pub fn frames(&self) -> Vec<Arc<Frame>> {
         let mut out = Vec::with_capacity(self.resident_pages());
         for shard in &self.shards {
-            out.extend(shard.read().frames.values().cloned());
+            out.extend(shard.read().frames.values().map(|r| r.frame.clone()));
         }
         out
     }

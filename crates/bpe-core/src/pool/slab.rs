@@ -348,6 +348,40 @@ impl std::ops::Deref for Slot {
     }
 }
 
+/// Where a slot's bytes are, kept beside the slot's owner so that a reader can reach the bytes
+/// without first reading the owner (see `BufferPool::copy_if_resident`).
+#[derive(Clone, Copy)]
+pub struct SlotAddress {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: an address only; reading through it is `unsafe` and carries its own obligation.
+unsafe impl Send for SlotAddress {}
+// SAFETY: as above.
+unsafe impl Sync for SlotAddress {}
+
+impl Slot {
+    pub fn address(&self) -> SlotAddress {
+        SlotAddress {
+            ptr: self.ptr,
+            len: self.len,
+        }
+    }
+}
+
+impl SlotAddress {
+    /// The slot's bytes.
+    ///
+    /// # Safety
+    /// The slot this address was taken from must stay alive, and nothing may write it, for `'a`.
+    pub unsafe fn bytes<'a>(&self) -> &'a [u8] {
+        // SAFETY: the caller keeps the slot alive and unwritten; its bytes lie in the region
+        // (see alloc) and are initialized (see Deref).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
 impl Drop for Slot {
     fn drop(&mut self) {
         // In a forked child the slot is left as it is (the child's copy of the parent's memory,
