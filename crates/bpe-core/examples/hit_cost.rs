@@ -50,6 +50,8 @@ fn main() {
         engines.push((large_pages, engine, f));
     }
 
+    // L1's ranges are collapsed into huge pages once it stopped growing for a second.
+    std::thread::sleep(std::time::Duration::from_secs(3));
     println!(
         "per 4 KiB read, {reads} random reads over {mib} MiB per round (wall ns / CPU ns of the thread):"
     );

@@ -324,11 +324,11 @@ impl Slab {
 }
 
 /// Hands 2 MiB of chunks, all handed out at least once, to the collapser thread (one per
-/// process, started at the first request), which makes them one huge page. Why not
-/// `MADV_HUGEPAGE` on the region: its faults would allocate, zero and (with the kernel's usual
-/// `defrag = madvise`) compact for 2 MiB on the query's thread, which made speedtest1's
-/// insert-heavy tests 10-25 % slower; collapsing a range already in use costs the query
-/// nothing. The hits gain either way: a copy out of a huge page rarely misses the TLB.
+/// process, started at the first request), which makes them one huge page once L1 stops
+/// growing (see [`run_collapser`]). Why not `MADV_HUGEPAGE` on the region: its faults would
+/// allocate, zero and (with the kernel's usual `defrag = madvise`) compact for 2 MiB on the
+/// query's thread, which made speedtest1's insert-heavy tests 10-25 % slower. The hits gain
+/// either way: a copy out of a huge page rarely misses the TLB.
 /// Resident memory does not grow: every chunk of the range is below the limit (a shrink may
 /// since have returned some, which the collapse brings back as zeros: at most 2 MiB).
 fn collapse_in_background(slab: &Arc<SlabInner>, first: u32) {
@@ -359,35 +359,59 @@ fn collapse_in_background(slab: &Arc<SlabInner>, first: u32) {
     let _ = (slab, first); // Shuttle's threads cannot block on a real channel
 }
 
-/// The collapser thread: collapses each range it is sent 50 ms after it came (the kernel
-/// refuses pages faulted in that recently), and again 50 ms later while it refuses, at most
-/// 20 times. Ends when the sender is gone.
+/// The collapser thread. A collapse takes the process's memory-map lock and locks the pages of
+/// its range while it copies them: done while L1 grows (a table being filled, an index being
+/// built), it slowed speedtest1's insert tests by 5-35 %. So the ranges wait until L1 has
+/// stopped growing for a second (`QUIET`: no new range), or for at most 30 s; then each is
+/// collapsed, and tried again 50 ms later while the kernel finds its pages too fresh (`EAGAIN`),
+/// at most 20 times. Ends when the sender is gone.
 #[cfg(not(feature = "shuttle"))]
 fn run_collapser(rx: std::sync::mpsc::Receiver<(Arc<SlabInner>, u32)>) {
     use std::sync::mpsc::RecvTimeoutError;
     use std::time::{Duration, Instant};
-    const WAIT: Duration = Duration::from_millis(50);
+    const QUIET: Duration = Duration::from_secs(1);
+    const LONGEST_WAIT: Duration = Duration::from_secs(30);
+    const RETRY: Duration = Duration::from_millis(50);
     const TRIES: u32 = 20;
-    // (slab, first chunk, tries so far, not before)
-    let mut waiting: Vec<(Arc<SlabInner>, u32, u32, Instant)> = Vec::new();
+    struct Waiting {
+        slab: Arc<SlabInner>,
+        first: u32,
+        tries: u32,
+        came: Instant,
+        due: Instant,
+    }
+    let mut waiting: Vec<Waiting> = Vec::new();
     loop {
-        let next = match waiting.iter().map(|w| w.3).min() {
+        let next = match waiting.iter().map(|w| w.due).min() {
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
             Some(due) => rx.recv_timeout(due.saturating_duration_since(Instant::now())),
         };
+        let now = Instant::now();
         match next {
-            Ok((slab, first)) => waiting.push((slab, first, 0, Instant::now() + WAIT)),
+            Ok((slab, first)) => {
+                // L1 grew: everything waits for the next quiet second (or its longest wait).
+                for w in waiting.iter_mut().filter(|w| w.tries == 0) {
+                    w.due = (now + QUIET).min(w.came + LONGEST_WAIT);
+                }
+                waiting.push(Waiting {
+                    slab,
+                    first,
+                    tries: 0,
+                    came: now,
+                    due: now + QUIET,
+                });
+                continue;
+            }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
-        let now = Instant::now();
-        waiting.retain_mut(|(slab, first, tries, due)| {
-            if *due > now {
+        waiting.retain_mut(|w| {
+            if w.due > now {
                 return true;
             }
-            *tries += 1;
-            *due = now + WAIT;
-            !slab.region.collapse(*first) && *tries < TRIES
+            w.tries += 1;
+            w.due = now + RETRY;
+            !w.slab.region.collapse(w.first) && w.tries < TRIES
         });
     }
 }
