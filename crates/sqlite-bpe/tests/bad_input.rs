@@ -319,6 +319,7 @@ fn bad_environment_settings_fail_the_load_naming_the_variable() {
         ("BPE_DIRECT_IO", "maybe", "BPE_DIRECT_IO"),
         ("BPE_READAHEAD", "2", "BPE_READAHEAD"),
         ("BPE_WRITE_BEHIND", "later", "BPE_WRITE_BEHIND"),
+        ("BPE_LARGE_PAGES", "huge", "BPE_LARGE_PAGES"),
         ("BPE_DATA_IOPS", "-4", "BPE_DATA_IOPS"),
     ] {
         let out = std::process::Command::new(sqlite3_shell().unwrap())
