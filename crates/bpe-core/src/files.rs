@@ -124,11 +124,16 @@ pub struct CachedFile {
 pub(crate) struct RewriteWatch {
     last_ms: AtomicU64,
     streak: AtomicU32,
+    /// The time between the last two invalidations, stored one on (0: fewer than two).
+    last_gap_ms: AtomicU64,
 }
 
 pub(crate) const REWRITE_STREAK: u32 = 3;
 pub(crate) const REWRITE_GAP_MS: u64 = 1_000;
 pub(crate) const REWRITE_QUIET_MS: u64 = 10_000;
+/// Invalidations at most this far apart: a page cached now is forgotten before it is read
+/// again (see [`RewriteWatch::churning`]).
+pub(crate) const CHURN_GAP_MS: u64 = 100;
 
 impl RewriteWatch {
     /// A whole-file invalidation at `now_ms`: whether the file's misses should now be read
@@ -136,6 +141,10 @@ impl RewriteWatch {
     pub(crate) fn rewritten(&self, now_ms: u64) -> bool {
         // Stored one on (0 is "never"; an engine's clock starts at 0).
         let last = self.last_ms.swap(now_ms + 1, Relaxed).wrapping_sub(1);
+        if last != u64::MAX {
+            self.last_gap_ms
+                .store(now_ms.saturating_sub(last) + 1, Relaxed);
+        }
         let streak = if last != u64::MAX && now_ms.saturating_sub(last) <= REWRITE_GAP_MS {
             self.streak.fetch_add(1, Relaxed) + 1
         } else {
@@ -143,6 +152,17 @@ impl RewriteWatch {
             1
         };
         streak >= REWRITE_STREAK
+    }
+
+    /// Another program's commits empty this file's cache so often (the last two, and the last
+    /// one, within [`CHURN_GAP_MS`] of `now_ms`) that a miss is not worth caching: its copy
+    /// would be forgotten before a second read, and installing it costs an eviction and a
+    /// copy. Misses are then served uncached (`Engine::load`), as stock SQLite's pager cache
+    /// refills from the OS page cache after each such commit.
+    pub(crate) fn churning(&self, now_ms: u64) -> bool {
+        let gap = self.last_gap_ms.load(Relaxed);
+        let last = self.last_ms.load(Relaxed);
+        gap != 0 && gap - 1 <= CHURN_GAP_MS && (now_ms + 1).saturating_sub(last) <= CHURN_GAP_MS
     }
 
     /// No rewrite for [`REWRITE_QUIET_MS`] before `now_ms`: O_DIRECT again.
@@ -566,7 +586,33 @@ fn open_data(req: &OpenRequest<'_>, identity: FileIdentity, config: &Config) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::{KnownStamp, RewriteWatch, REWRITE_GAP_MS, REWRITE_QUIET_MS, REWRITE_STREAK};
+    use super::{
+        KnownStamp, RewriteWatch, CHURN_GAP_MS, REWRITE_GAP_MS, REWRITE_QUIET_MS, REWRITE_STREAK,
+    };
+
+    #[test]
+    fn two_invalidations_within_the_churn_gap_make_the_file_churning_until_a_gap_passes() {
+        let w = RewriteWatch::default();
+        let now = 1_000_000;
+        assert!(!w.churning(now));
+        w.rewritten(now);
+        assert!(
+            !w.churning(now),
+            "one invalidation says nothing of the next"
+        );
+        w.rewritten(now + CHURN_GAP_MS);
+        assert!(w.churning(now + CHURN_GAP_MS));
+        assert!(w.churning(now + 2 * CHURN_GAP_MS));
+        assert!(
+            !w.churning(now + 2 * CHURN_GAP_MS + 1),
+            "quiet for longer than the gap: cached again"
+        );
+        w.rewritten(now + 10 * CHURN_GAP_MS);
+        assert!(
+            !w.churning(now + 10 * CHURN_GAP_MS),
+            "the last two invalidations were far apart"
+        );
+    }
 
     #[test]
     fn a_file_rewritten_several_times_a_second_is_read_through_the_os_cache_until_it_goes_quiet() {

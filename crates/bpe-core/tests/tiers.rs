@@ -798,3 +798,43 @@ fn a_background_data_file_window_stops_before_the_pages_the_extension_holds() {
     assert!(from_ext >= 500, "{from_ext} pages from the extension");
     engine.check_invariants();
 }
+
+/// Another program's commits emptying the file's cache within 100 ms of each other: a miss is
+/// served from the file and not cached (its copy would be forgotten before a second read);
+/// once they stop for longer than that, misses are cached again.
+#[test]
+fn a_file_emptied_every_few_milliseconds_serves_misses_uncached_until_it_goes_quiet() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 16, PAGE);
+    let engine = engine(4 << 20);
+    let f = engine.open_file(&path, PAGE).unwrap();
+    // Each attempt: two invalidations back to back, then the page twice. Retried, because a
+    // stall of 100 ms between them (a loaded machine) rightly caches the page.
+    let mut uncached = false;
+    for _ in 0..20 {
+        engine.invalidate_file(&f);
+        engine.invalidate_file(&f);
+        let (bytes, first) = read(&engine, &f, 5);
+        let (again, second) = read(&engine, &f, 5);
+        assert_eq!(
+            (decode(&bytes), decode(&again)),
+            (Some((5, 0)), Some((5, 0)))
+        );
+        assert_eq!(first, Tier::DataFile);
+        if second == Tier::DataFile {
+            uncached = true;
+            break;
+        }
+    }
+    assert!(uncached, "a miss between commits 0 ms apart was cached");
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    let (_, first) = read(&engine, &f, 5);
+    let (bytes, second) = read(&engine, &f, 5);
+    assert_eq!(decode(&bytes), Some((5, 0)));
+    assert_eq!(
+        (first, second),
+        (Tier::DataFile, Tier::Memory),
+        "quiet for 250 ms: the miss is cached again"
+    );
+    engine.check_invariants();
+}

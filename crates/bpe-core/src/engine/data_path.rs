@@ -186,10 +186,14 @@ impl Engine {
             }
             return Ok(Some(read));
         }
-        let frame = self.frame(file, key, buf, started, false, shared);
-        let installed = self
-            .pool
-            .finish_load(ticket, frame, LoadSource::DataFile, self);
+        let installed = if file.rewrites.churning(self.now_ms()) {
+            // Served, not cached: see `RewriteWatch::churning`.
+            self.pool.finish_uncached(ticket, self)
+        } else {
+            let frame = self.frame(file, key, buf, started, false, shared);
+            self.pool
+                .finish_load(ticket, frame, LoadSource::DataFile, self)
+        };
         // After the page asked for: pages reach L2 in the order they are installed, and a
         // later scan served by L2 reads ahead only through consecutive slots.
         if let Some(ahead) = ahead {

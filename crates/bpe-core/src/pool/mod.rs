@@ -221,6 +221,12 @@ impl BufferPool {
         self.release(&ticket, frame, Some(source), sink)
     }
 
+    /// Ends a load whose bytes are served but not cached. Returns false when a write started
+    /// meanwhile, as [`BufferPool::finish_load`] does.
+    pub fn finish_uncached(&self, ticket: Ticket, sink: &dyn EvictionSink) -> bool {
+        self.release(&ticket, None, None, sink)
+    }
+
     /// Gives up a load (the I/O failed): nothing is cached, waiters retry.
     pub fn abort(&self, ticket: Ticket) {
         let mut shard = self.shard(&ticket.key).write();
