@@ -85,28 +85,15 @@ impl Engine {
             self.trace.lock().push(key);
         }
         if self.pool.copy_if_resident(key, buf, self.now_ms()) {
-            self.counters.l1_hits.bump();
-            if self.config.readahead {
-                self.read_ahead_in_background(file, key);
-            }
-            return Ok(PageRead {
-                tier: Tier::Memory,
-                len: page_size,
-            });
+            return Ok(self.served_from_memory(file, key, page_size));
         }
         loop {
             match self.pool.lookup(key) {
                 Lookup::Hit(frame) => {
+                    // It became resident since `copy_if_resident` looked.
                     frame.touch(self.now_ms());
                     buf.copy_from_slice(&frame.data);
-                    self.counters.l1_hits.bump();
-                    if self.config.readahead {
-                        self.read_ahead_in_background(file, key);
-                    }
-                    return Ok(PageRead {
-                        tier: Tier::Memory,
-                        len: page_size,
-                    });
+                    return Ok(self.served_from_memory(file, key, page_size));
                 }
                 Lookup::Wait(pending) => pending.wait(),
                 Lookup::Load(ticket) => {
@@ -116,6 +103,18 @@ impl Engine {
                     // A write to this page started while we read it: read it again.
                 }
             }
+        }
+    }
+
+    /// The bookkeeping of an L1 hit, once its bytes are copied.
+    fn served_from_memory(&self, file: &FileHandle, key: PageKey, page_size: usize) -> PageRead {
+        self.counters.l1_hits.bump();
+        if self.config.readahead {
+            self.read_ahead_in_background(file, key);
+        }
+        PageRead {
+            tier: Tier::Memory,
+            len: page_size,
         }
     }
 

@@ -90,36 +90,10 @@ unsafe impl Send for LargeBuf {}
 
 impl LargeBuf {
     fn new() -> Option<LargeBuf> {
-        let span = 2 * LARGE_BYTES;
-        // SAFETY: a private anonymous mapping (no descriptor); the result is checked.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                span,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return None;
-        }
-        let addr = raw as usize;
-        let start = round_up(addr, LARGE_BYTES);
-        let (head, tail) = (start - addr, addr + span - (start + LARGE_BYTES));
-        // SAFETY: both ranges lie in the mapping made above and outside [start, start +
-        // LARGE_BYTES), which is what we keep; madvise only advises on that kept range.
-        unsafe {
-            if head > 0 {
-                libc::munmap(raw, head);
-            }
-            if tail > 0 {
-                libc::munmap((start + LARGE_BYTES) as *mut libc::c_void, tail);
-            }
-            libc::madvise(start as *mut libc::c_void, LARGE_BYTES, libc::MADV_HUGEPAGE);
-        }
-        std::ptr::NonNull::new(start as *mut u8).map(|ptr| LargeBuf { ptr })
+        let ptr = map_aligned(LARGE_BYTES, LARGE_BYTES, 0)?;
+        // SAFETY: the range is the mapping just made; madvise only advises on it.
+        unsafe { libc::madvise(ptr.as_ptr().cast(), LARGE_BYTES, libc::MADV_HUGEPAGE) };
+        Some(LargeBuf { ptr })
     }
 
     fn take() -> Option<LargeBuf> {
@@ -243,6 +217,46 @@ impl Drop for Scratch {
             _ => {}
         }
     }
+}
+
+/// A private anonymous mapping of `len` bytes starting on a multiple of `align` (a power of two,
+/// a multiple of the page size), with `extra_flags` (e.g. `MAP_NORESERVE`). The caller owns it
+/// and unmaps `len` bytes from the start.
+pub(crate) fn map_aligned(
+    len: usize,
+    align: usize,
+    extra_flags: libc::c_int,
+) -> Option<std::ptr::NonNull<u8>> {
+    let span = len.checked_add(align)?;
+    // SAFETY: a private anonymous mapping (no descriptor) at an address of the kernel's
+    // choosing; it aliases nothing, and the result is checked.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return None;
+    }
+    let addr = raw as usize;
+    let start = round_up(addr, align);
+    let (head, tail) = (start - addr, addr + span - (start + len));
+    // SAFETY: [addr, start) and [start + len, addr + span) lie in the mapping made above,
+    // outside the range kept; nothing refers to them.
+    unsafe {
+        if head > 0 {
+            libc::munmap(raw, head);
+        }
+        if tail > 0 {
+            libc::munmap((start + len) as *mut libc::c_void, tail);
+        }
+    }
+    std::ptr::NonNull::new(start as *mut u8)
 }
 
 pub fn round_up(n: usize, to: usize) -> usize {

@@ -41,39 +41,9 @@ impl Region {
     /// starting on a huge-page boundary, so that every 32 chunks make one huge page.
     fn reserve(chunks: usize) -> Option<Region> {
         let len = chunks.checked_mul(CHUNK_BYTES)?;
-        let span = len.checked_add(HUGE_PAGE_BYTES)?;
-        // SAFETY: an anonymous private mapping at an address of the kernel's choosing; it aliases
-        // nothing. MAP_NORESERVE: the memory bound is ours to keep, not the kernel's swap's.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                span,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return None;
-        }
-        let addr = raw as usize;
-        let start = addr.next_multiple_of(HUGE_PAGE_BYTES);
-        let (head, tail) = (start - addr, addr + span - (start + len));
-        // SAFETY: [addr, start) and [start + len, addr + span) lie in the mapping made above,
-        // outside the range kept; nothing refers to them.
-        unsafe {
-            if head > 0 {
-                libc::munmap(raw, head);
-            }
-            if tail > 0 {
-                libc::munmap((start + len) as *mut libc::c_void, tail);
-            }
-        }
-        Some(Region {
-            base: NonNull::new(start as *mut u8)?,
-            chunks,
-        })
+        // MAP_NORESERVE: the memory bound is ours to keep, not the kernel's swap's.
+        let base = crate::io::aligned::map_aligned(len, HUGE_PAGE_BYTES, libc::MAP_NORESERVE)?;
+        Some(Region { base, chunks })
     }
 
     /// Asks the kernel to back chunks `first..first + CHUNKS_PER_HUGE_PAGE` with one huge page
