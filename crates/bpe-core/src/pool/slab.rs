@@ -306,22 +306,30 @@ fn collapse_in_background(slab: &Arc<SlabInner>, first: u32) {
     {
         use std::sync::mpsc::{channel, Sender};
         type Request = (Arc<SlabInner>, u32);
-        static COLLAPSER: std::sync::Mutex<Option<Sender<Request>>> = std::sync::Mutex::new(None);
-        if crate::io::pid::current() != slab.owner_pid {
+        /// The thread's sender, with the process it runs in: a forked child inherits the
+        /// sender but not the thread, and starts its own.
+        static COLLAPSER: std::sync::Mutex<Option<(u32, Sender<Request>)>> =
+            std::sync::Mutex::new(None);
+        let pid = crate::io::pid::current();
+        if pid != slab.owner_pid {
             return;
         }
-        let mut collapser = COLLAPSER.lock().unwrap_or_else(|e| e.into_inner());
-        if collapser.is_none() {
+        // try_lock: a child forked while another thread held the lock would wait forever. A
+        // range skipped (the lock busy) keeps its 4 KiB pages: slower hits, nothing else.
+        let Ok(mut collapser) = COLLAPSER.try_lock() else {
+            return;
+        };
+        if collapser.as_ref().is_none_or(|(owner, _)| *owner != pid) {
             let (tx, rx) = channel::<Request>();
             let started = std::thread::Builder::new()
                 .name("bpe-huge-pages".into())
                 .spawn(move || run_collapser(rx));
             if started.is_err() {
-                return; // 4 KiB pages: slower hits, nothing else
+                return;
             }
-            *collapser = Some(tx);
+            *collapser = Some((pid, tx));
         }
-        if let Some(tx) = collapser.as_ref() {
+        if let Some((_, tx)) = collapser.as_ref() {
             let _ = tx.send((slab.clone(), first));
         }
     }
