@@ -305,7 +305,7 @@ fn collapse_in_background(slab: &Arc<SlabInner>, first: u32) {
     #[cfg(not(feature = "shuttle"))]
     {
         use std::sync::mpsc::{channel, Sender};
-        type Request = (Arc<SlabInner>, u32);
+        type Request = (std::sync::Weak<SlabInner>, u32);
         /// The thread's sender, with the process it runs in: a forked child inherits the
         /// sender but not the thread, and starts its own.
         static COLLAPSER: std::sync::Mutex<Option<(u32, Sender<Request>)>> =
@@ -330,7 +330,7 @@ fn collapse_in_background(slab: &Arc<SlabInner>, first: u32) {
             *collapser = Some((pid, tx));
         }
         if let Some((_, tx)) = collapser.as_ref() {
-            let _ = tx.send((slab.clone(), first));
+            let _ = tx.send((Arc::downgrade(slab), first));
         }
     }
     #[cfg(feature = "shuttle")]
@@ -340,11 +340,12 @@ fn collapse_in_background(slab: &Arc<SlabInner>, first: u32) {
 /// The collapser thread. A collapse takes the process's memory-map lock and locks the pages of
 /// its range while it copies them: done while L1 grows (a table being filled, an index being
 /// built), it slowed speedtest1's insert tests by 5-35 %. So the ranges wait until L1 has
-/// stopped growing for a second (`QUIET`: no new range), or for at most 30 s; then each is
-/// collapsed, and tried again 50 ms later while the kernel finds its pages too fresh (`EAGAIN`),
-/// at most 20 times. Ends when the sender is gone.
+/// stopped growing for a second (`QUIET`: no new range), or for at most 30 s (`LONGEST_WAIT`,
+/// also while it keeps growing); then each is collapsed, and tried again 50 ms later while the
+/// kernel finds its pages too fresh (`EAGAIN`), at most 20 times. Ranges are held weakly: a
+/// pool dropped meanwhile is unmapped at once. Ends when the sender is gone.
 #[cfg(not(feature = "shuttle"))]
-fn run_collapser(rx: std::sync::mpsc::Receiver<(Arc<SlabInner>, u32)>) {
+fn run_collapser(rx: std::sync::mpsc::Receiver<(std::sync::Weak<SlabInner>, u32)>) {
     use std::sync::mpsc::RecvTimeoutError;
     use std::time::{Duration, Instant};
     const QUIET: Duration = Duration::from_secs(1);
@@ -352,7 +353,8 @@ fn run_collapser(rx: std::sync::mpsc::Receiver<(Arc<SlabInner>, u32)>) {
     const RETRY: Duration = Duration::from_millis(50);
     const TRIES: u32 = 20;
     struct Waiting {
-        slab: Arc<SlabInner>,
+        // Weak: a pool dropped meanwhile is unmapped at once, not kept for its collapse.
+        slab: std::sync::Weak<SlabInner>,
         first: u32,
         tries: u32,
         came: Instant,
@@ -378,7 +380,6 @@ fn run_collapser(rx: std::sync::mpsc::Receiver<(Arc<SlabInner>, u32)>) {
                     came: now,
                     due: now + QUIET,
                 });
-                continue;
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
@@ -389,7 +390,10 @@ fn run_collapser(rx: std::sync::mpsc::Receiver<(Arc<SlabInner>, u32)>) {
             }
             w.tries += 1;
             w.due = now + RETRY;
-            !w.slab.region.collapse(w.first) && w.tries < TRIES
+            // Gone (its pool was dropped), done, refused for good, or out of tries: forgotten.
+            w.slab
+                .upgrade()
+                .is_some_and(|slab| !slab.region.collapse(w.first) && w.tries < TRIES)
         });
     }
 }
