@@ -7,9 +7,10 @@
 //! writes go through SQLite's own write method; page reads on a miss through our O_DIRECT
 //! descriptor, or SQLite's read method where O_DIRECT is not used.
 
-use super::change_detect::{self, FileWatch, WalLocks};
+use super::change_detect::FileWatch;
 use super::replica_pos::ReplicaPos;
 use super::unix_file::{self, unix, UnixFile};
+use super::wal_view::{self, WalLocks};
 use crate::api;
 use crate::ffi::guard;
 use bpe_core::{BehindLog, DeviceOp, Engine, Error, FileHandle, OpenRequest, PinnedPage, Via};
@@ -741,7 +742,7 @@ unsafe extern "C" fn shm_lock(
                 let shm0 = conn.shm0;
                 // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closures run within
                 // this call, before anything can unmap it.
-                let read_token = || unsafe { change_detect::wal_token(shm0) };
+                let read_token = || unsafe { wal_view::wal_token(shm0) };
                 // SAFETY: as above, and real is this connection's open unix file.
                 let pages =
                     |from, to, salts| unsafe { wal_frame_pages(real, shm0, from, to, salts) };
@@ -771,7 +772,7 @@ unsafe extern "C" fn shm_lock(
                         // SAFETY: as above. SQLite compares the header with the one it read
                         // before this lock, finds it changed and begins again, dropping its
                         // page cache.
-                        unsafe { change_detect::bump_change(shm0) };
+                        unsafe { wal_view::bump_change(shm0) };
                     }
                 }
                 conn.wal_read_began = true;
@@ -903,7 +904,7 @@ impl Conn {
         }
         let shm0 = self.shm0;
         // SAFETY: as in wal_lock.
-        let read_token = || unsafe { change_detect::wal_token(shm0) };
+        let read_token = || unsafe { wal_view::wal_token(shm0) };
         // SAFETY: as in wal_lock.
         let pages = |from, to, salts| unsafe { wal_frame_pages(real, shm0, from, to, salts) };
         self.watch
@@ -917,7 +918,7 @@ impl Conn {
         let shm0 = self.shm0;
         // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closures run within this call,
         // before anything can unmap it.
-        let read_token = || unsafe { change_detect::wal_token(shm0) };
+        let read_token = || unsafe { wal_view::wal_token(shm0) };
         // SAFETY: as above, and real is this connection's open unix file.
         let pages = |from, to, salts| unsafe { wal_frame_pages(real, shm0, from, to, salts) };
         self.watch
@@ -949,8 +950,7 @@ unsafe fn wal_frame_pages(
     if to <= from {
         return Some(Vec::new());
     }
-    if api::libversion_number() < 3_040_000 || (to - from) as usize > change_detect::MAX_FRAMES_KEPT
-    {
+    if api::libversion_number() < 3_040_000 || (to - from) as usize > wal_view::MAX_FRAMES_KEPT {
         return None;
     }
     let mut pages = Vec::with_capacity((to - from) as usize);
@@ -988,7 +988,7 @@ unsafe fn wal_frame_pages(
     // restart changes the salts before any frame is written again).
     fence(Ordering::SeqCst);
     // SAFETY: as above.
-    if unsafe { change_detect::wal_token(shm0) }.is_none_or(|t| t.salts != salts) {
+    if unsafe { wal_view::wal_token(shm0) }.is_none_or(|t| t.salts != salts) {
         return None;
     }
     Some(pages)

@@ -57,6 +57,7 @@ mod peer_log;
 mod replica_pos;
 mod scope;
 mod unix_file;
+mod wal_view;
 
 use crate::api;
 use libsqlite3_sys::{
