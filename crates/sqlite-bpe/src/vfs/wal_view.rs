@@ -101,6 +101,11 @@ impl WalView {
             // to open the WAL is about to build it. Nothing to compare; the next look is.
             return Forget::Nothing;
         }
+        if self.known == Some(token) {
+            // Nothing moved since the last look: the common case, met twice by every read
+            // transaction (its lock, then its first read). The rules below say the same.
+            return Forget::Nothing;
+        }
         let Some(known) = self.known.replace(token) else {
             self.frames = pages(0, token.max_frame, token.salts).and_then(keepable);
             return Forget::Nothing;
