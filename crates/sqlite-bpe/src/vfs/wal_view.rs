@@ -1,10 +1,15 @@
 //! Following one database's wal-index the way every SQLite writer keeps it: the token at
 //! each look (salts, iChange, mxFrame, nBackfill, the header's other words), the pages of the
 //! frames seen, and what another writer's commit, checkpoint or restart put in the database
-//! file that our cache may hold older (`WalView::account`). Reading the token from the shared
-//! mapping, and writing it for LiteFS's lost header, are the two edges to the mapping.
-//! `change_detect.rs` decides when to look and forgets what a look found.
+//! file that our cache may hold older (`WalView::account`). The edges to the shared mapping
+//! are here too: reading the token (`wal_token`), the frames' pages (`wal_frame_pages`), and
+//! writing the header for LiteFS's lost one (`bump_change`). `change_detect.rs` decides when
+//! to look and forgets what a look found.
 
+use super::unix_file::unix;
+use crate::api;
+use libsqlite3_sys::{sqlite3_file, SQLITE_OK};
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// What the wal-index says of the WAL now: its generation (salts), its committed frames
@@ -67,7 +72,7 @@ pub(super) enum Forget {
 }
 
 /// The pages of WAL frames (from, to] in frame order, read from the wal-index, if they can be
-/// (see `vfs::file::wal_frame_pages`); None: not known for sure.
+/// (see `wal_frame_pages`); None: not known for sure.
 pub type FramePages<'a> = &'a dyn Fn(u32, u32, [u32; 2]) -> Option<Vec<u32>>;
 
 impl WalView {
@@ -291,6 +296,74 @@ pub unsafe fn bump_change(region0: *const u8) -> bool {
         cell(i * 4).store(*w, Ordering::Release);
     }
     true
+}
+
+/// wal.c's wal-index geometry (verified in SQLite 3.40 and 3.50): 32 KiB regions, each with the
+/// page numbers of 4096 frames, the first after the 136-byte header (so only 4062 there).
+const WALINDEX_PGSZ: c_int = 32768;
+const WALINDEX_HDR_SIZE: usize = 136;
+const HASHTABLE_NPAGE: u32 = 4096;
+const HASHTABLE_NPAGE_ONE: u32 = HASHTABLE_NPAGE - (WALINDEX_HDR_SIZE / 4) as u32;
+
+/// The database pages (0-based) of WAL frames (from, to] in frame order, read from the
+/// wal-index; None when they cannot be known for sure (an older SQLite, a region not mapped,
+/// too many frames, or the WAL restarted meanwhile, which may have overwritten the entries).
+///
+/// # Safety
+/// `real` is the connection's open unix file and `shm0` its mapped wal-index region 0.
+pub(super) unsafe fn wal_frame_pages(
+    real: *mut sqlite3_file,
+    shm0: *const u8,
+    from: u32,
+    to: u32,
+    salts: [u32; 2],
+) -> Option<Vec<u32>> {
+    use std::sync::atomic::{fence, AtomicU32, Ordering};
+    if to <= from {
+        return Some(Vec::new());
+    }
+    if api::libversion_number() < 3_040_000 || (to - from) as usize > MAX_FRAMES_KEPT {
+        return None;
+    }
+    let mut pages = Vec::with_capacity((to - from) as usize);
+    let mut mapped: Option<(u32, *const u8)> = None;
+    for frame in from + 1..=to {
+        let region = (frame + HASHTABLE_NPAGE - HASHTABLE_NPAGE_ONE - 1) / HASHTABLE_NPAGE;
+        let base = match mapped {
+            Some((r, p)) if r == region => p,
+            _ => {
+                let mut p: *mut c_void = std::ptr::null_mut();
+                let rc = unix!(real, xShmMap, region as c_int, WALINDEX_PGSZ, 0, &mut p);
+                if rc != SQLITE_OK || p.is_null() {
+                    return None;
+                }
+                mapped = Some((region, p as *const u8));
+                p as *const u8
+            }
+        };
+        let (array, zero) = if region == 0 {
+            // SAFETY: region 0 is WALINDEX_PGSZ bytes; the array starts after the header.
+            (unsafe { base.add(WALINDEX_HDR_SIZE) }, 0)
+        } else {
+            (base, HASHTABLE_NPAGE_ONE + (region - 1) * HASHTABLE_NPAGE)
+        };
+        let index = (frame - zero - 1) as usize;
+        // SAFETY: index < 4096 entries of the region's page-number array (4062 in region 0),
+        // 4-byte aligned, in a live mapping; other processes write it, so read atomically.
+        let pgno = unsafe { (*(array.add(index * 4) as *const AtomicU32)).load(Ordering::Acquire) };
+        if pgno == 0 {
+            return None;
+        }
+        pages.push(pgno - 1);
+    }
+    // The entries are only those frames' if the WAL was not restarted while we read them (a
+    // restart changes the salts before any frame is written again).
+    fence(Ordering::SeqCst);
+    // SAFETY: as above.
+    if unsafe { wal_token(shm0) }.is_none_or(|t| t.salts != salts) {
+        return None;
+    }
+    Some(pages)
 }
 
 #[cfg(test)]
