@@ -318,7 +318,7 @@ pub(super) unsafe fn wal_frame_pages(
     to: u32,
     salts: [u32; 2],
 ) -> Option<Vec<u32>> {
-    use std::sync::atomic::{fence, AtomicU32, Ordering};
+    use std::sync::atomic::fence;
     if to <= from {
         return Some(Vec::new());
     }
