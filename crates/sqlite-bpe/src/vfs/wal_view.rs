@@ -227,17 +227,21 @@ pub unsafe fn wal_token(region0: *const u8) -> Option<WalToken> {
     // Every word of one copy of the header (48 bytes): iChange at 8, mxFrame at 16, the
     // salts at 32 and 36.
     let copy = |n: usize| std::array::from_fn::<u32, 12, _>(|i| word(n * 48 + i * 4));
+    // Every read transaction runs this twice: an inline comparison, not a call to memcmp.
+    let same = |a: &[u32; 12], b: &[u32; 12]| a.iter().zip(b).fold(0, |d, (x, y)| d | (x ^ y)) == 0;
     for attempt in 0..10_000 {
         if attempt > 100 {
             std::thread::yield_now();
         }
+        // The reads below are ordered by their Acquire loads alone (a later load never moves
+        // before an earlier Acquire load); no fence is needed between them, since this reader
+        // writes nothing.
         let first = copy(0);
-        if copy(1) != first {
+        if !same(&copy(1), &first) {
             continue;
         }
         let backfill = word(96);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if copy(0) != first || backfill > first[4] {
+        if !same(&copy(0), &first) || backfill > first[4] {
             continue;
         }
         return Some(WalToken {
@@ -249,6 +253,15 @@ pub unsafe fn wal_token(region0: *const u8) -> Option<WalToken> {
         });
     }
     None
+}
+
+/// nBackfill alone, for a look within a read transaction (see `Conn::wal_first_read`).
+///
+/// # Safety
+/// As `wal_token`.
+pub unsafe fn wal_backfill(region0: *const u8) -> u32 {
+    // SAFETY: nBackfill's offset is within region 0 and 4-byte aligned; the mapping is live.
+    unsafe { (*(region0.add(96) as *const AtomicU32)).load(Ordering::Acquire) }
 }
 
 /// wal.c's checksum of a wal-index header's first 40 bytes, in native byte order.
