@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 const CHILD_ENV: &str = "BPE_BENCH_CHILD";
+/// A command each configuration's process runs under (a profiler: see tools/bench/instructions.sh).
+const WRAPPER_ENV: &str = "BPE_BENCH_CHILD_WRAPPER";
 
 #[derive(Serialize, Deserialize)]
 pub struct ChildSpec {
@@ -72,17 +74,34 @@ impl ChildSpec {
         }
     }
 
-    /// This executable again, with this process's arguments, running the spec.
+    /// This executable again, with this process's arguments, running the spec; under
+    /// `BPE_BENCH_CHILD_WRAPPER` (a command and its arguments, split at spaces, such as
+    /// `valgrind --tool=callgrind`) if set, which then runs the executable by its path.
     fn command(&self) -> anyhow::Result<Command> {
-        // /proc/self/exe still names this process's executable after a rebuild replaced the
-        // file.
-        let exe = match Path::new("/proc/self/exe").exists() {
-            true => PathBuf::from("/proc/self/exe"),
-            false => std::env::current_exe().context("finding the current executable")?,
+        let wrapper = std::env::var(WRAPPER_ENV).unwrap_or_default();
+        let mut wrapper = wrapper.split_whitespace();
+        let mut cmd = match wrapper.next() {
+            Some(program) => {
+                let exe = std::env::current_exe().context("finding the current executable")?;
+                let mut cmd = Command::new(program);
+                cmd.args(wrapper).arg(exe);
+                cmd
+            }
+            // /proc/self/exe still names this process's executable after a rebuild replaced
+            // the file.
+            None => match Path::new("/proc/self/exe").exists() {
+                true => Command::new("/proc/self/exe"),
+                false => {
+                    Command::new(std::env::current_exe().context("finding the current executable")?)
+                }
+            },
         };
-        let mut cmd = Command::new(exe);
         cmd.args(std::env::args_os().skip(1))
             .env(CHILD_ENV, serde_json::to_string(self)?);
+        if let Some(name) = self.config.get("name").and_then(|n| n.as_str()) {
+            // For the wrapper's output file names (valgrind's `%q{BPE_BENCH_CONFIG}`).
+            cmd.env("BPE_BENCH_CONFIG", name);
+        }
         Ok(cmd)
     }
 
