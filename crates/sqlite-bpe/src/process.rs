@@ -95,6 +95,7 @@ static CONFIG: OnceLock<EnvConfig> = OnceLock::new();
 static HOOKS: Once = Once::new();
 
 /// The generation engines are created in now (changes in a forked child).
+#[inline]
 pub fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
 }

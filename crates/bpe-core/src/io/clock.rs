@@ -21,6 +21,19 @@ impl CoarseClock {
     }
 }
 
+/// Nanoseconds of the kernel's precise monotonic clock (`Instant`'s), as a plain number: a
+/// read transaction compares it with a deadline, where `Instant::elapsed` costs about 80
+/// instructions more (its checked subtraction and `Duration`).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: as in coarse_monotonic_ms, with CLOCK_MONOTONIC.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 fn coarse_monotonic_ms() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -48,9 +48,9 @@
 use super::peer_log::{Explained, PeerLog};
 use super::wal_view::{Forget, FramePages, WalLocks, WalToken, WalView};
 use bpe_core::sync::{Mutex, Rank};
-use bpe_core::FileStamp;
+use bpe_core::{monotonic_ns, FileStamp};
 use bpe_core::{Engine, FileHandle, OpenKind};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What this process knows of one database file, shared by all its connections to it.
 pub struct FileWatch {
@@ -93,9 +93,9 @@ struct Watch {
     /// On a LiteFS mount: the position file and the header as the last read transaction saw
     /// them (see `replica_position`).
     replica: Option<(Vec<u8>, Vec<u8>)>,
-    /// When a WAL read transaction last took the stamp for a write outside SQLite's protocol;
-    /// None after an open, so that the next one takes it.
-    outside_checked_at: Option<Instant>,
+    /// When (`monotonic_ns`) a WAL read transaction last took the stamp for a write outside
+    /// SQLite's protocol; None after an open, so that the next one takes it.
+    outside_checked_at: Option<u64>,
     /// A read transaction skipped that look (within the interval): our next write transaction
     /// looks before its commit, whose checkpoint would otherwise accept a changed stamp unseen.
     outside_look_skipped: bool,
@@ -119,7 +119,7 @@ impl Watch {
         let Some(s) = stamp() else {
             return;
         };
-        self.outside_checked_at = Some(Instant::now());
+        self.outside_checked_at = Some(monotonic_ns());
         self.outside_look_skipped = false;
         if file.known_stamp().is_none_or(|k| k.stamp != s) {
             engine.invalidate_file(file);
@@ -306,9 +306,10 @@ impl FileWatch {
         } else {
             // Nothing to checkpoint: a changed stamp can only be a write outside SQLite's
             // protocol.
+            let interval = self.outside_check_interval.as_nanos() as u64;
             let due = w
                 .outside_checked_at
-                .is_none_or(|at| at.elapsed() >= self.outside_check_interval);
+                .is_none_or(|at| monotonic_ns().saturating_sub(at) >= interval);
             if due {
                 w.look_outside(engine, file, stamp);
             } else {

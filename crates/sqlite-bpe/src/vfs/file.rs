@@ -112,11 +112,18 @@ impl Conn {
 
     /// After a fork, moves this connection to the child's engine (the parent's is never
     /// touched in the child: its locks may be held by threads that do not exist here).
+    /// Inlined: every method call asks, and the answer is nearly always "no fork".
+    #[inline]
     fn follow_fork(&mut self) -> Result<(), Error> {
         let generation = crate::process::generation();
         if generation == self.generation {
             return Ok(());
         }
+        self.move_to_child_engine(generation)
+    }
+
+    #[cold]
+    fn move_to_child_engine(&mut self, generation: u64) -> Result<(), Error> {
         let engine = crate::process::engine();
         let (handle, watch) = attach(&engine, &self.path, self.fd, self.identity)?;
         std::mem::forget(std::mem::replace(&mut self.engine, engine));
