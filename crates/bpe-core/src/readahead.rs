@@ -72,6 +72,11 @@ impl SequentialDetector {
         self.mark.store(first + 1, Relaxed);
     }
 
+    /// Whether a window is marked (readahead is running): a hit can trigger nothing otherwise.
+    pub fn armed(&self) -> bool {
+        self.mark.load(Relaxed) != 0
+    }
+
     /// Called on a hit of `page`: if it lies in the marked window of `window` pages, clears the
     /// mark (one trigger per window) and returns the last page fetched so far, after which the
     /// next window starts.

@@ -110,7 +110,7 @@ impl Engine {
     fn served_from_memory(&self, file: &FileHandle, key: PageKey, page_size: usize) -> PageRead {
         self.counters.l1_hits.bump();
         if self.config.readahead {
-            self.read_ahead_in_background(file, key);
+            self.read_ahead_on_hit(file, key);
         }
         PageRead {
             tier: Tier::Memory,
@@ -132,7 +132,7 @@ impl Engine {
         self.counters.l1_hits.bump();
         frame.touch(self.now_ms());
         if self.config.readahead {
-            self.read_ahead_in_background(file, key);
+            self.read_ahead_on_hit(file, key);
         }
         Some(PinnedPage(frame))
     }

@@ -65,8 +65,19 @@ pub(super) fn window_pages(page_size: usize, max_memory: u64) -> u64 {
 
 impl Engine {
     /// On a hit of `key`: if it is in one of the file's marked windows (the extension's or the
-    /// data file's), queues the next window of that tier.
-    pub(super) fn read_ahead_in_background(&self, file: &FileHandle, key: PageKey) {
+    /// data file's), queues the next window of that tier. Every L1 hit comes here; most find no
+    /// window marked (point lookups, no scan running) and leave after two loads, before the
+    /// call that sizes a window.
+    #[inline]
+    pub(super) fn read_ahead_on_hit(&self, file: &FileHandle, key: PageKey) {
+        if file.extension_readahead.armed() || file.readahead.armed() {
+            self.read_ahead_in_background(file, key);
+        }
+    }
+
+    // Kept out of `read_ahead_on_hit`, whose callers inline it: its frame is large.
+    #[inline(never)]
+    fn read_ahead_in_background(&self, file: &FileHandle, key: PageKey) {
         let pages = window_pages(file.page_size(), self.max_memory());
         let job = if let Some(last) = file.extension_readahead.async_trigger(key.page, pages) {
             let after = PageKey::new(key.file, last);

@@ -117,7 +117,11 @@ impl Frame {
     }
 
     pub fn touch(&self, now_ms: u64) {
-        self.last_access_ms.store(now_ms, Relaxed);
+        // Stored only when it moved (once a clock tick at most): a hot page read on every core
+        // then keeps its line shared instead of each hit taking it exclusive.
+        if self.last_access_ms.load(Relaxed) != now_ms {
+            self.last_access_ms.store(now_ms, Relaxed);
+        }
         // Looked at before it is swapped: a hit then writes the frame with plain stores only,
         // which do not wait for its line, where a locked swap would.
         if self.prefetched.load(Relaxed) && self.prefetched.swap(false, Relaxed) {
