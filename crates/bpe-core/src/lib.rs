@@ -53,8 +53,8 @@ pub use extension::shared::memory_path as shared_memory_path;
 pub use extension::{initial_index_bytes, MIN_EXTENSION_BYTES};
 pub use files::{FileHandle, FileInfo, KnownStamp, OpenKind, OpenRequest};
 pub use io::aligned::{Scratch, READAHEAD_BUFFERS_KEPT_BYTES};
-/// Opening the files kept beside the user's: never through a symbolic link.
 pub use io::clock::monotonic_ns;
+/// Opening the files kept beside the user's: never through a symbolic link.
 pub use io::own_file;
 pub use io::{AlignedBuf, DataDevice, DeviceCharges, DeviceOp, FileIdentity, FileStamp};
 pub use page::{FileKey, PageKey, Tier};
