@@ -36,7 +36,8 @@
 //! frames, as LiteFS makes when it writes a replicated transaction into the file) empties the
 //! file's cache (a new key: O(1), see bpe-core's page.rs). The per-file state lives with the
 //! core's file entry, across closes and reopens; while no connection of ours has the file open,
-//! the registry compares the stamp at the reopen.
+//! the registry compares the stamp at the reopen, and the wal-index view goes on from its last
+//! token (an equal stamp alone does not vouch for the cache in WAL mode: `FileWatch::opened`).
 //!
 //! What no check can catch (docs/SQLITE.md): a change outside SQLite's protocol made while one
 //! of our connections is inside its own write transaction on the file, or that restores the
@@ -127,6 +128,33 @@ impl Watch {
         }
     }
 
+    /// The view just took its first token: after the process's first open of the file, after an
+    /// open that found it changed, or after our connection deleted the WAL. A checkpoint by
+    /// another process since the stamp was last accepted is in the file but in no token the
+    /// view will compare with; only the stamp shows it. Taken after the token, it must be the
+    /// one accepted last, and neither may be racy (`reopened_racy`, `KnownStamp::racy`: within
+    /// a clock tick of a change, which a coarse clock can hide); otherwise the whole file is
+    /// forgotten. It is a look for writes outside SQLite's protocol too.
+    fn check_first_token(
+        &mut self,
+        engine: &Engine,
+        file: &FileHandle,
+        stamp: Option<FileStamp>,
+        racy: bool,
+    ) {
+        let known = file.known_stamp();
+        let vouched =
+            !racy && stamp.is_some_and(|s| known.is_some_and(|k| k.stamp == s && !k.racy));
+        if !vouched {
+            engine.invalidate_file(file);
+        }
+        if let Some(s) = stamp {
+            file.accept_stamp(s);
+            self.outside_checked_at = Some(monotonic_ns());
+            self.outside_look_skipped = false;
+        }
+    }
+
     /// The commit log, mapped on first use (None where it cannot be).
     fn log(&mut self, file: &FileHandle) -> Option<&PeerLog> {
         if self.log.is_none() {
@@ -188,17 +216,33 @@ impl FileWatch {
         match kind {
             OpenKind::New | OpenKind::Shared => {}
             OpenKind::Reopened { changed, racy } => {
-                // While nobody here had it open, nothing was accounted: the WAL may have been
-                // deleted and created anew (new salts, unrelated nBackfill). The registry
-                // compared the stamp: if the file changed, its pages are gone already; if not,
-                // the database file holds what we cached, and the next token starts afresh.
-                w.wal.start_afresh();
+                // While nobody here had it open, nothing was accounted. If the registry found
+                // the stamp changed, the file's pages are gone already and the next token is
+                // the view's first. If not, the view goes on from the token it last accounted,
+                // as for a connection left idle: an equal stamp does not say that the file
+                // holds what we cached. It was accepted as a read transaction began, which may
+                // be while another process's checkpoint had written its pages and not yet
+                // moved nBackfill; that move shows only to a view that remembers nBackfill
+                // before it (walthread-2-processes: four processes opening, writing and
+                // closing a database switched between WAL and DELETE, "row N missing from
+                // index" in most unloaded runs while the next token started afresh). A WAL
+                // deleted and created anew meanwhile has new salts, and the file is forgotten.
                 if changed {
+                    w.wal.start_afresh();
                     w.header = None;
                 }
                 w.reopened_racy = racy && !changed;
             }
         }
+    }
+
+    /// One of our connections is deleting the WAL (`xShmUnmap` with its delete flag). SQLite
+    /// does that only in `sqlite3WalClose`, after a complete checkpoint under an EXCLUSIVE lock
+    /// on the database file: no other connection anywhere had it open, the checkpoint was ours,
+    /// accounted, and its stamp accepted. The next WAL has new salts that say nothing of this
+    /// one, so its first token starts the view afresh, checked against that stamp.
+    pub fn wal_deleted(&self) {
+        self.state.lock().wal.start_afresh();
     }
 
     /// The last connection of this process to the file closed: the commit log is of no use
@@ -280,11 +324,14 @@ impl FileWatch {
         // happened or follow (a plain process's too, which a bpe process may switch back).
         w.break_peer_chains(file);
         let token = read_token();
+        let first = w.wal.is_fresh();
         let change = w.wal.look(token, pages);
         // The stamp compared at the reopen was taken within a clock tick of a write: on a
         // kernel with coarse timestamps a foreign checkpoint in that tick leaves it equal.
         let reopened_racy = std::mem::take(&mut w.reopened_racy);
-        if reopened_racy || change != Forget::Nothing {
+        if first && !w.wal.is_fresh() {
+            w.check_first_token(engine, file, stamp(), reopened_racy);
+        } else if reopened_racy || change != Forget::Nothing {
             forget(engine, file, change);
             if reopened_racy {
                 engine.invalidate_file(file);
@@ -353,8 +400,12 @@ impl FileWatch {
         pages: FramePages<'_>,
     ) {
         let mut w = self.state.lock();
+        let first = w.wal.is_fresh();
         let change = w.wal.look(read_token(), pages);
         forget(engine, file, change);
+        if first && !w.wal.is_fresh() {
+            w.check_first_token(engine, file, file.stamp_now().ok(), false);
+        }
     }
 
     /// One of our connections took (`held` = true) or is about to release the wal-index write
@@ -372,9 +423,13 @@ impl FileWatch {
     ) {
         let mut w = self.state.lock();
         let token = read_token();
+        let first = w.wal.is_fresh();
         let change = w.wal.look(token, pages);
         let accounted = change != Forget::Nothing;
         forget(engine, file, change);
+        if first && !w.wal.is_fresh() {
+            w.check_first_token(engine, file, file.stamp_now().ok(), false);
+        }
         if lock.write {
             w.wal.writing = held;
             if held {
@@ -468,6 +523,9 @@ mod tests {
         let dir = tempfile::tempdir_in(base).unwrap();
         let path = dir.path().join("db");
         std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        // Past the racy window, so that the stamp the open accepts can vouch for the file (a
+        // racy one forgets it at the first token: see `check_first_token`).
+        std::thread::sleep(bpe_core::RACY_WINDOW * 2);
         let engine = bpe_core::Engine::new(bpe_core::Config::default());
         let file = engine.open_file(&path, 4096).unwrap();
         (dir, path, engine, file)
@@ -505,6 +563,11 @@ mod tests {
         let write_outside_sqlite = |len: usize| std::fs::write(&path, vec![1u8; len]).unwrap();
         let invalidations = || engine.counters().file_invalidations;
 
+        // The first token is checked against the stamp (its own test below); the count starts
+        // after it.
+        watch.begin_read_wal(&engine, &file, token(4), &pages, stamp);
+        assert_eq!((stamps.get(), invalidations()), (1, 0));
+        stamps.set(0);
         watch.begin_read_wal(&engine, &file, token(4), &pages, stamp);
         write_outside_sqlite(8192);
         watch.begin_read_wal(&engine, &file, token(4), &pages, stamp);
@@ -592,14 +655,17 @@ mod tests {
         watch.wal_lock(&engine, &file, nothing_waits, &pages, write, false);
 
         // The default interval: a read transaction begun that long after a write sees it.
+        // (A new watch: its first token, checked against a stamp accepted just after a write,
+        // forgets the file by itself.)
         let watch = FileWatch::default();
         watch.begin_read_wal(&engine, &file, nothing_waits, &pages, stamp);
+        let before = invalidations();
         write_outside_sqlite(12288);
         std::thread::sleep(OUTSIDE_WRITE_CHECK_INTERVAL * 2);
         watch.begin_read_wal(&engine, &file, nothing_waits, &pages, stamp);
         assert_eq!(
             invalidations(),
-            3,
+            before + 1,
             "a write outside SQLite's protocol was missed one interval after it"
         );
     }
@@ -627,6 +693,8 @@ mod tests {
             checkpoint: true,
         };
         let pages = |_: u32, _: u32, _: [u32; 2]| -> Option<Vec<u32>> { None };
+        // The first token, checked against the stamp before the race begins.
+        watch.begin_read_wal(&engine, &file, read, &pages, || file.stamp_now().ok());
         std::thread::scope(|s| {
             for _ in 0..2 {
                 s.spawn(|| {
@@ -648,5 +716,114 @@ mod tests {
             (0, 0),
             "own checkpoints taken for another process's"
         );
+    }
+
+    /// A wal-index of ten frames under `salts`, frame n holding page 100 + n, `backfill` of
+    /// them checkpointed.
+    fn frames_of(salts: [u32; 2], backfill: u32) -> impl Fn() -> Option<WalToken> {
+        move || {
+            Some(WalToken {
+                salts,
+                ..ten_frames_backfilled_to(backfill).unwrap()
+            })
+        }
+    }
+
+    fn frame_pages(from: u32, to: u32, _: [u32; 2]) -> Option<Vec<u32>> {
+        Some((from + 1..=to).map(|frame| 100 + frame).collect())
+    }
+
+    /// A reopen goes on from the token last accounted, whatever the stamp says. Here the stamp
+    /// was accepted while another process's checkpoint had written its pages and not yet moved
+    /// nBackfill (a read transaction of ours accounted the checkpoint before it then), so the
+    /// registry finds it equal at the reopen, and only nBackfill's move shows those pages.
+    /// Starting afresh at the reopen kept them stale (walthread-2-processes; the processes test
+    /// in tests/mode_switching.rs).
+    #[test]
+    fn a_reopen_accounts_the_checkpoint_an_equal_stamp_hides() {
+        let (_dir, path, engine, file) = one_page_file();
+        let watch = FileWatch::default();
+        let stamp = || file.stamp_now().ok();
+        let token = |backfill| frames_of([7, 9], backfill);
+        watch.begin_read_wal(&engine, &file, token(3), &frame_pages, stamp);
+        // Another process's checkpoint of frames 4..=10 has written their pages, and one of our
+        // read transactions sees the checkpoint before it (frames 4 and 5) and accepts the
+        // stamp, the new pages in it.
+        std::fs::write(&path, vec![1u8; 4096]).unwrap();
+        watch.begin_read_wal(&engine, &file, token(5), &frame_pages, stamp);
+        let before = engine.counters().pages_forgotten;
+        assert_eq!(before, 2);
+        // Our last connection closes; the process opens the file again and the registry finds
+        // the stamp it accepted. Then the checkpoint ends.
+        watch.opened(OpenKind::Reopened {
+            changed: false,
+            racy: false,
+        });
+        watch.begin_read_wal(&engine, &file, token(10), &frame_pages, stamp);
+        let c = engine.counters();
+        assert_eq!(
+            (c.pages_forgotten - before, c.file_invalidations),
+            (5, 0),
+            "the pages of frames 6..=10 were kept after the reopen"
+        );
+    }
+
+    /// The view's first token (after the process's first open of the file, after an open that
+    /// found it changed, after our connection deleted the WAL) shows nothing from before it: a
+    /// checkpoint by another process since the stamp was accepted shows only in the stamp, which
+    /// is taken after the token and must be the one accepted.
+    #[test]
+    fn the_first_token_is_checked_against_the_stamp() {
+        let (_dir, path, engine, file) = one_page_file();
+        let watch = FileWatch::default();
+        let stamp = || file.stamp_now().ok();
+        let invalidations = || engine.counters().file_invalidations;
+        watch.begin_read_wal(&engine, &file, frames_of([7, 9], 10), &frame_pages, stamp);
+        assert_eq!(invalidations(), 0, "the stamp of the open forgot the file");
+        // Our connection checkpoints and deletes the WAL; the next has new salts.
+        watch.wal_deleted();
+        watch.begin_read_wal(&engine, &file, frames_of([3, 4], 0), &frame_pages, stamp);
+        assert_eq!(
+            invalidations(),
+            0,
+            "the WAL after our own deletion forgot the file"
+        );
+        // Again, but another process commits and checkpoints before our next read transaction.
+        watch.wal_deleted();
+        std::fs::write(&path, vec![1u8; 4096]).unwrap();
+        watch.begin_read_wal(&engine, &file, frames_of([5, 6], 10), &frame_pages, stamp);
+        assert_eq!(
+            invalidations(),
+            1,
+            "a checkpoint before the first token was missed"
+        );
+        // The same through the other looks: a write or checkpoint lock, a transaction's first read.
+        let write = WalLocks {
+            write: true,
+            checkpoint: false,
+        };
+        watch.wal_deleted();
+        std::fs::write(&path, vec![2u8; 4096]).unwrap();
+        watch.wal_lock(
+            &engine,
+            &file,
+            frames_of([8, 9], 10),
+            &frame_pages,
+            write,
+            true,
+        );
+        assert_eq!(invalidations(), 2, "missed at the write lock");
+        watch.wal_lock(
+            &engine,
+            &file,
+            frames_of([8, 9], 10),
+            &frame_pages,
+            write,
+            false,
+        );
+        watch.wal_deleted();
+        std::fs::write(&path, vec![3u8; 4096]).unwrap();
+        watch.look_wal(&engine, &file, frames_of([1, 2], 10), &frame_pages);
+        assert_eq!(invalidations(), 3, "missed at the first read");
     }
 }

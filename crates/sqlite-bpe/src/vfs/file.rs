@@ -946,6 +946,9 @@ unsafe extern "C" fn shm_barrier(f: *mut sqlite3_file) {
 unsafe extern "C" fn shm_unmap(f: *mut sqlite3_file, delete: c_int) -> c_int {
     method!(f, SQLITE_IOERR_SHMMAP, "xShmUnmap", |conn, real| {
         conn.shm0 = std::ptr::null();
+        if delete != 0 {
+            conn.watch.wal_deleted();
+        }
         unix!(real, xShmUnmap, delete)
     })
 }

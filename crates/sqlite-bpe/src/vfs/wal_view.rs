@@ -81,6 +81,11 @@ impl WalView {
         self.known = None;
     }
 
+    /// No token is accounted for: the next look that reads one takes it as the first.
+    pub(super) fn is_fresh(&self) -> bool {
+        self.known.is_none()
+    }
+
     /// Accounts for the token read now; a token that could not be read says nothing, and what
     /// it may hide is forgotten (the view stays at the last token, to compare the next with).
     pub(super) fn look(&mut self, token: Option<WalToken>, pages: FramePages<'_>) -> Forget {
