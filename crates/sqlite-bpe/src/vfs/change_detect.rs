@@ -264,7 +264,8 @@ impl FileWatch {
     ) {
         let mut w = self.state.lock();
         let counter_moved = matches!((w.header, header), (Some(a), Some(b)) if a != b);
-        let stamp_moved = stamp.is_some_and(|s| file.known_stamp().is_none_or(|k| k.stamp != s));
+        let known = file.known_stamp();
+        let stamp_moved = stamp.is_some_and(|s| known.is_none_or(|k| k.stamp != s));
         if let (true, Some(known), Some(now)) = (counter_moved, w.header, header) {
             // Another process committed: bpe peers say which pages in their shared log.
             match w.explain(file, counter(&known), counter(&now)) {
@@ -293,7 +294,11 @@ impl FileWatch {
                 }
             }
         }
-        if let Some(s) = stamp {
+        // Accepting the stamp already known changes nothing unless it was taken racily (within
+        // a clock tick of the file's last change), which time since may have cleared: most read
+        // transactions skip it, and the wall-clock read it takes.
+        let settled = !counter_moved && !stamp_moved && known.is_some_and(|k| !k.racy);
+        if let Some(s) = stamp.filter(|_| !settled) {
             file.accept_stamp(s);
         }
         w.reopened_racy = false;

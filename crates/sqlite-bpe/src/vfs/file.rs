@@ -10,7 +10,7 @@
 use super::change_detect::FileWatch;
 use super::replica_pos::ReplicaPos;
 use super::unix_file::{self, unix, UnixFile};
-use super::wal_view::{self, WalLocks};
+use super::wal_view::{self, WalLocks, WalToken};
 use crate::api;
 use crate::ffi::guard;
 use bpe_core::{BehindLog, DeviceOp, Engine, Error, FileHandle, OpenRequest, PinnedPage, Via};
@@ -63,6 +63,8 @@ pub struct Conn {
     /// A WAL read transaction began (a read mark was locked) and has not read the file yet:
     /// its first read looks at the wal-index again (see `Conn::wal_first_read`).
     wal_read_began: bool,
+    /// The wal-index token the read transaction's look at its read mark read, if any.
+    token_at_lock: Option<WalToken>,
     /// LiteFS's position file, if the database is on a LiteFS mount (replica_pos.rs).
     replica_pos: Option<ReplicaPos>,
     /// Pages SQLite holds in place through `xFetch`, until its `xUnfetch`.
@@ -100,6 +102,7 @@ impl Conn {
             header: None,
             size_at_lock: None,
             wal_read_began: false,
+            token_at_lock: None,
             replica_pos: ReplicaPos::find(path),
             pins: Vec::new(),
             mmap_limit: 0,
@@ -747,9 +750,14 @@ unsafe extern "C" fn shm_lock(
                     .begin_read(&conn.engine, &conn.handle, None, stamp);
             } else {
                 let shm0 = conn.shm0;
-                // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closures run within
-                // this call, before anything can unmap it.
-                let read_token = || unsafe { wal_view::wal_token(shm0) };
+                let token_at_lock = std::cell::Cell::new(None);
+                let read_token = || {
+                    // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closures run
+                    // within this call, before anything can unmap it.
+                    let token = unsafe { wal_view::wal_token(shm0) };
+                    token_at_lock.set(token);
+                    token
+                };
                 // SAFETY: as above, and real is this connection's open unix file.
                 let pages = |from, to, salts| unsafe {
                     wal_view::wal_frame_pages(real, shm0, from, to, salts)
@@ -783,6 +791,7 @@ unsafe extern "C" fn shm_lock(
                         unsafe { wal_view::bump_change(shm0) };
                     }
                 }
+                conn.token_at_lock = token_at_lock.get();
                 conn.wal_read_began = true;
             }
         }
@@ -906,11 +915,26 @@ impl Conn {
     /// "row N missing from index" under a writer process's PASSIVE checkpoints). Looking here
     /// is enough: a backfill after SQLite's read of nBackfill covers only frames SQLite reads
     /// from the WAL in this transaction, and is accounted at the next look.
+    ///
+    /// Only a backfill writes the file while this transaction holds its read mark (mark 0 bars
+    /// any backfill; another mark bars a restart, the only reset of nBackfill), and a backfill
+    /// moves nBackfill forward. So an nBackfill equal to the one the lock's look read means the
+    /// file holds what that look saw, and there is nothing to account here: one load, not the
+    /// watch's lock and a whole token (the common case, once in every read transaction). What
+    /// else moved meanwhile (a commit) is accounted at the next look, as any later change is.
     fn wal_first_read(&self, real: *mut sqlite3_file) {
         if self.shm0.is_null() {
             return;
         }
         let shm0 = self.shm0;
+        let unmoved = self.token_at_lock.is_some_and(|at_lock| {
+            // SAFETY: as in wal_lock.
+            let backfill = unsafe { wal_view::wal_backfill(shm0) };
+            backfill == at_lock.backfill
+        });
+        if unmoved {
+            return;
+        }
         // SAFETY: as in wal_lock.
         let read_token = || unsafe { wal_view::wal_token(shm0) };
         // SAFETY: as in wal_lock.

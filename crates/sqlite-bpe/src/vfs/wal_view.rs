@@ -238,12 +238,14 @@ pub unsafe fn wal_token(region0: *const u8) -> Option<WalToken> {
         if attempt > 100 {
             std::thread::yield_now();
         }
+        // The reads below are ordered by their Acquire loads alone (a later load never moves
+        // before an earlier Acquire load); no fence is needed between them, since this reader
+        // writes nothing.
         let first = copy(0);
         if !same(&copy(1), &first) {
             continue;
         }
         let backfill = word(96);
-        std::sync::atomic::fence(Ordering::SeqCst);
         if !same(&copy(0), &first) || backfill > first[4] {
             continue;
         }
@@ -256,6 +258,15 @@ pub unsafe fn wal_token(region0: *const u8) -> Option<WalToken> {
         });
     }
     None
+}
+
+/// nBackfill alone, for a look within a read transaction (see `Conn::wal_first_read`).
+///
+/// # Safety
+/// As `wal_token`.
+pub unsafe fn wal_backfill(region0: *const u8) -> u32 {
+    // SAFETY: nBackfill's offset is within region 0 and 4-byte aligned; the mapping is live.
+    unsafe { (*(region0.add(96) as *const AtomicU32)).load(Ordering::Acquire) }
 }
 
 /// wal.c's checksum of a wal-index header's first 40 bytes, in native byte order.
