@@ -7,7 +7,7 @@
 //! writes on a stale page, the database's) finds rows missing from the index.
 //!
 //! Until the pool's view of the wal-index survived a close, an equal stamp at the reopen was
-//! trusted, and most runs of this test failed within seconds.
+//! trusted, and most runs of this test failed within seconds. With 4 and 16 KiB pages.
 
 mod common;
 use common::*;
@@ -66,10 +66,21 @@ fn child_entry() {
 
 #[test]
 fn short_lived_connections_of_four_processes_switching_journal_modes_see_every_write() {
+    switching_journal_modes(4096);
+}
+
+#[test]
+fn the_same_with_16_kib_pages() {
+    switching_journal_modes(16384);
+}
+
+fn switching_journal_modes(page_size: u32) {
     let dir = tempdir();
     let db = dir.path().join("switching.db");
     open_unix(&db)
-        .execute_batch("CREATE TABLE t1(x INTEGER PRIMARY KEY, y UNIQUE)")
+        .execute_batch(&format!(
+            "PRAGMA page_size = {page_size}; CREATE TABLE t1(x INTEGER PRIMARY KEY, y UNIQUE)"
+        ))
         .unwrap();
     let children: Vec<_> = ["DELETE", "DELETE", "WAL", "WAL"]
         .iter()
@@ -112,4 +123,8 @@ fn short_lived_connections_of_four_processes_switching_journal_modes_see_every_w
         .query_row("SELECT count(*) FROM t1", [], |r| r.get(0))
         .unwrap();
     assert_eq!(rows, inserted, "a committed row is missing");
+    let size: u32 = plain
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(size, page_size);
 }
