@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The configurations, in the order they run and print.
-pub const CONFIGS: [&str; 16] = [
+pub const CONFIGS: [&str; 20] = [
     "rollback_txn",
     "rollback_autocommit",
     "wal_txn",
@@ -46,6 +46,10 @@ pub const CONFIGS: [&str; 16] = [
     "stock_rollback_defaults",
     "wal_defaults",
     "stock_wal_defaults",
+    "rollback_per_connection",
+    "stock_rollback_per_connection",
+    "wal_per_connection",
+    "stock_wal_per_connection",
 ];
 
 /// SQLite's default page cache (`PRAGMA cache_size = -2000`), KiB: what an application that
@@ -70,6 +74,9 @@ struct Shape {
     writer: bool,
     /// SQLite's default page cache on both sides (see [`SQLITE_DEFAULT_CACHE_KIB`]).
     defaults: bool,
+    /// A new connection for each lookup, closed after it (a web request's), with SQLite's
+    /// defaults: nothing else holds the file open meanwhile.
+    per_connection: bool,
 }
 
 fn shape(name: &str) -> Shape {
@@ -82,7 +89,8 @@ fn shape(name: &str) -> Shape {
         },
         txn: name.ends_with("_txn"),
         writer: name.contains("beside_writer"),
-        defaults: name.ends_with("_defaults"),
+        defaults: name.ends_with("_defaults") || name.ends_with("_per_connection"),
+        per_connection: name.ends_with("_per_connection"),
     }
 }
 
@@ -104,6 +112,8 @@ fn describe(s: &Shape, memory_mb: u64, interval_ms: u64) -> String {
     };
     let how = if s.txn {
         "all lookups in one transaction"
+    } else if s.per_connection {
+        "a new connection for each lookup"
     } else {
         "autocommit lookups"
     };
@@ -124,6 +134,9 @@ struct Reads {
     /// The connection's page cache set back to SQLite's default (bpe's benchmark connections
     /// otherwise keep theirs at [`db::PAGER_CACHE_KIB`]).
     default_cache: bool,
+    /// Each lookup on a connection of its own (see [`Shape::per_connection`]).
+    #[serde(default)]
+    per_connection: bool,
     seconds: f64,
     writer: Option<WriterConfig>,
     /// Where the writer's results go.
@@ -187,7 +200,7 @@ pub fn run(a: &AutocommitArgs) -> anyhow::Result<BenchReport> {
     report.parameters = json!({
         "rows": rows, "row_bytes": ROW_BYTES, "seconds_per_config": seconds,
         "memory_mb": memory_mb, "database_mb": size_mb,
-        "bpe_pager_cache_kib": db::PAGER_CACHE_KIB, "stock_pager_cache_kib": memory_mb * 1024,
+        "bpe_pager_cache_kib": db::bpe_pager_cache_kib()?, "stock_pager_cache_kib": memory_mb * 1024,
         "writer_interval_ms": a.writer_interval_ms, "quick": quick,
     });
     print_storage(&storage, report.reference.as_ref());
@@ -221,6 +234,7 @@ pub fn run(a: &AutocommitArgs) -> anyhow::Result<BenchReport> {
             rows,
             txn: s.txn,
             default_cache: s.defaults,
+            per_connection: s.per_connection,
             seconds,
             writer: s.writer.then(|| WriterConfig {
                 db: db.clone(),
@@ -278,6 +292,7 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         "vfs": setup.sqlite.vfs(),
         "journal": setup.journal.label(),
         "transaction": if cfg.txn { "one" } else { "autocommit" },
+        "connection": if cfg.per_connection { "one per lookup" } else { "one" },
         "pager_cache_kib": -cache_size,
     });
     let writer = match &cfg.writer {
@@ -296,21 +311,32 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
     let sp = progress::spinner(&setup.name);
     sp.set_message(format!("{} s of lookups", cfg.seconds));
     let mut rng = StdRng::seed_from_u64(SEED);
-    let mut q = conn.prepare("SELECT n FROM t WHERE id = ?1")?;
+    const LOOKUP: &str = "SELECT n FROM t WHERE id = ?1";
+    // Per connection: the warm connection closes first, so that each lookup's open and close
+    // are the file's first and last, as for a request served alone.
+    let conn = (!cfg.per_connection).then_some(conn);
+    let mut q = conn.as_ref().map(|c| c.prepare(LOOKUP)).transpose()?;
+    let mut lookup = |id: i64| -> anyhow::Result<(usize, u64)> {
+        let row = |r: &rusqlite::Row| {
+            let b = r.get_ref(0)?.as_bytes()?;
+            Ok((b.len(), sequence_number(b)))
+        };
+        Ok(match q.as_mut() {
+            Some(q) => q.query_row([id], row)?,
+            None => db::open_for_request(&setup.db, setup.sqlite)?.query_row(LOOKUP, [id], row)?,
+        })
+    };
     let mut reads: Vec<Read> = Vec::with_capacity(1 << 20);
     let window = Duration::from_secs_f64(cfg.seconds);
     let mut result = ConfigResult::measure(&setup.name, &setup.description, sample_ms, |ops| {
-        if cfg.txn {
-            conn.execute_batch("BEGIN")?;
+        if let (true, Some(c)) = (cfg.txn, &conn) {
+            c.execute_batch("BEGIN")?;
         }
         let t = Instant::now();
         while t.elapsed() < window {
             let id = rng.gen_range(1..=cfg.rows);
             let start = mono_ns();
-            let (len, seq) = q.query_row([id as i64], |r| {
-                let b = r.get_ref(0)?.as_bytes()?;
-                Ok((b.len(), sequence_number(b)))
-            })?;
+            let (len, seq) = lookup(id as i64)?;
             let took = mono_ns() - start;
             anyhow::ensure!(len == ROW_BYTES, "a lookup returned a wrong row");
             reads.push(Read {
@@ -321,8 +347,8 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
             });
             ops.fetch_add(1, Relaxed);
         }
-        if cfg.txn {
-            conn.execute_batch("COMMIT")?;
+        if let (true, Some(c)) = (cfg.txn, &conn) {
+            c.execute_batch("COMMIT")?;
         }
         Ok(details)
     })?;

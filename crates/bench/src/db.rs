@@ -101,7 +101,7 @@ pub fn open_with(path: &Path, sqlite: Sqlite, journal: Journal) -> anyhow::Resul
             register()?;
             (
                 Connection::open_with_flags_and_vfs(path, flags, VFS)?,
-                PAGER_CACHE_KIB,
+                bpe_pager_cache_kib()?,
             )
         }
         Sqlite::Stock { cache_kib } => {
@@ -120,19 +120,54 @@ pub fn open_with(path: &Path, sqlite: Sqlite, journal: Journal) -> anyhow::Resul
     Ok(conn)
 }
 
+/// Opens `path` as an application opening a connection for one request does: through `sqlite`'s
+/// VFS, SQLite's defaults (its page cache, the file's journal mode), nothing set.
+pub fn open_for_request(path: &Path, sqlite: Sqlite) -> anyhow::Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_URI;
+    let conn = Connection::open_with_flags_and_vfs(path, flags, sqlite.vfs())?;
+    conn.busy_timeout(Duration::from_secs(60))?;
+    Ok(conn)
+}
+
 /// The environment variable that gives bpe connections SQLite's memory-mapped reads, which
 /// bpe serves in place from L1 (`xFetch`): `PRAGMA mmap_size` in bytes, 0 (the default) for
 /// none. Stock SQLite's arms never map the file: their memory is the page cache they are given.
 pub const MMAP_SIZE_VAR: &str = "BPE_BENCH_MMAP_SIZE";
 
+/// The environment variable that sets bpe connections' own SQLite page cache, KiB (default
+/// [`PAGER_CACHE_KIB`]). An experiment, not a same-memory arm: with it SQLite's cache holds
+/// pages beside L1's copies of them, so it bounds what a single copy (L1 as SQLite's page
+/// cache) could gain (docs/BENCHMARKS.md, "The copy out of L1, bounded").
+pub const PAGER_CACHE_VAR: &str = "BPE_BENCH_PAGER_CACHE_KIB";
+
 /// [`MMAP_SIZE_VAR`]'s value, or an error naming it when it is not a byte count.
 fn bpe_mmap_size() -> anyhow::Result<u64> {
-    match std::env::var(MMAP_SIZE_VAR) {
-        Err(std::env::VarError::NotPresent) => Ok(0),
-        Ok(v) => v.trim().parse().map_err(|_| {
-            anyhow::anyhow!("{MMAP_SIZE_VAR}={v:?}: expected a size in bytes (0 for none)")
-        }),
-        Err(e) => anyhow::bail!("{MMAP_SIZE_VAR}: {e}"),
+    env_count(MMAP_SIZE_VAR, 0, "a size in bytes (0 for none)")
+}
+
+/// [`PAGER_CACHE_VAR`]'s value, or an error naming it when it is not a positive KiB count.
+pub fn bpe_pager_cache_kib() -> anyhow::Result<i64> {
+    let expected = "a size in KiB above 0";
+    let kib = env_count(PAGER_CACHE_VAR, PAGER_CACHE_KIB as u64, expected)?;
+    // 0 would be SQLite's "no limit given", and a KiB count past i64 a negative cache_size.
+    i64::try_from(kib)
+        .ok()
+        .filter(|k| *k > 0)
+        .ok_or_else(|| anyhow::anyhow!("{PAGER_CACHE_VAR}={kib}: expected {expected}"))
+}
+
+/// A count from the environment variable `var`, `default` when it is not set; an error naming
+/// the variable and what it expects (`expected`) otherwise.
+fn env_count(var: &str, default: u64, expected: &str) -> anyhow::Result<u64> {
+    match std::env::var(var) {
+        Err(std::env::VarError::NotPresent) => Ok(default),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{var}={v:?}: expected {expected}")),
+        Err(e) => anyhow::bail!("{var}: {e}"),
     }
 }
 
@@ -284,4 +319,27 @@ pub fn process_storage_bytes() -> Option<(u64, u64)> {
             .and_then(|v| v.trim().parse().ok())
     };
     Some((field("read_bytes:")?, field("write_bytes:")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::env_count;
+
+    #[test]
+    fn an_environment_count_is_its_default_unset_and_an_error_naming_the_variable_if_not_a_number()
+    {
+        // Variables of this test's own, so that no other test's connections see them.
+        let var = "BPE_BENCH_TEST_COUNT_A";
+        std::env::remove_var(var);
+        assert_eq!(env_count(var, 7, "a count").unwrap(), 7);
+        std::env::set_var(var, " 4096 ");
+        assert_eq!(env_count(var, 7, "a count").unwrap(), 4096);
+        std::env::set_var(var, "4 MB");
+        let e = env_count(var, 7, "a count").unwrap_err().to_string();
+        assert!(
+            e.contains(var) && e.contains("4 MB") && e.contains("a count"),
+            "{e}"
+        );
+        std::env::remove_var(var);
+    }
 }

@@ -325,7 +325,7 @@ pub fn measure(plan: &Plan, storage: &Storage) -> anyhow::Result<BenchReport> {
         "enough_memory_mb": enough_mb, "extension_mb": extension_mb,
         "half_extension_mb": half_extension_mb, "database_mb": size_mb,
         "database_bytes": database_bytes, "database": db_path,
-        "pager_cache_kib": db::PAGER_CACHE_KIB, "quick": plan.quick,
+        "pager_cache_kib": db::bpe_pager_cache_kib()?, "quick": plan.quick,
         "journal": plan.journal.label(), "stock_cgroup_mb": cgroup_mb,
         "stock_enough_memory_cgroup_mb": enough_cgroup_mb,
         "zipf_exponent": zipf::LOOKUP_EXPONENT,

@@ -139,7 +139,7 @@ pub fn run(a: &ScanArgs) -> anyhow::Result<BenchReport> {
     report.parameters = json!({
         "table_mb": table_mb, "table_bytes": table_bytes, "rows": rows,
         "limited_memory_mb": memory_mb, "enough_memory_mb": enough_mb,
-        "extension_mb": extension_mb, "pager_cache_kib": db::PAGER_CACHE_KIB,
+        "extension_mb": extension_mb, "pager_cache_kib": db::bpe_pager_cache_kib()?,
         "data_reference": data_reference, "quick": c.quick,
     });
     print_storage(&storage, report.reference.as_ref());

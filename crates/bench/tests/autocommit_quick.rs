@@ -42,6 +42,10 @@ fn autocommit_runs_every_configuration_and_the_writer_is_noticed() {
             "stock_rollback_defaults",
             "wal_defaults",
             "stock_wal_defaults",
+            "rollback_per_connection",
+            "stock_rollback_per_connection",
+            "wal_per_connection",
+            "stock_wal_per_connection",
         ]
     );
     let memory_kib = v["parameters"]["memory_mb"].as_i64().unwrap() * 1024;
@@ -63,9 +67,17 @@ fn autocommit_runs_every_configuration_and_the_writer_is_noticed() {
         // Only the bpe configurations have an engine counting pages.
         assert_eq!(c["counters"]["engine"].as_bool().unwrap(), !stock, "{name}");
         assert!(d["latency_us"]["p50"].as_f64().unwrap() > 0.0, "{name}");
-        // SQLite's page cache: its default on both sides in the *_defaults pair, else the
-        // memory budget for stock and bpe's small pager cache.
-        let pager_kib = match (name.ends_with("_defaults"), stock) {
+        // A new connection for each lookup in the *_per_connection pair, with SQLite's
+        // defaults; SQLite's page cache: its default on both sides there and in the *_defaults
+        // pair, else the memory budget for stock and bpe's small pager cache.
+        let per_connection = name.ends_with("_per_connection");
+        let connection = if per_connection {
+            "one per lookup"
+        } else {
+            "one"
+        };
+        assert_eq!(d["connection"], connection, "{name}");
+        let pager_kib = match (name.ends_with("_defaults") || per_connection, stock) {
             (true, _) => 2000,
             (false, true) => memory_kib,
             (false, false) => v["parameters"]["bpe_pager_cache_kib"].as_i64().unwrap(),

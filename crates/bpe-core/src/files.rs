@@ -36,6 +36,13 @@ use std::time::SystemTime;
 /// Closed files whose cached pages are kept for a reopen, at most.
 pub const MAX_RETAINED_FILES: usize = 256;
 
+/// Closed files whose descriptors stay open for a reopen, at most (the most recently closed).
+/// An application that opens a connection per request closes and reopens the same file each
+/// time: opening its two descriptors and closing them (after reading `/proc/locks`, see
+/// `close_parked`) cost more than stock SQLite's whole lookup (docs/BENCHMARKS.md, "A
+/// connection per lookup"). Few, since an open descriptor keeps a deleted file's blocks.
+pub const PARKED_FILES: usize = 4;
+
 /// A stamp and when it was taken. A stamp taken within the racy window of the file's last
 /// modification is *racy*: another write in the same clock tick of the file's timestamps leaves
 /// it unchanged, so it cannot vouch for the file alone.
@@ -306,9 +313,10 @@ pub struct FileRegistry {
     /// Closed entries, oldest first (may hold identities reopened since: checked when popped).
     retained: VecDeque<FileIdentity>,
     next_id: u32,
-    /// Descriptors of closed files, kept open while this process holds POSIX locks on the
-    /// inode through another connection (see `io/posix_locks.rs`); taken again by a reopen,
-    /// closed once the locks are gone.
+    /// Descriptors of closed files, oldest first: the [`PARKED_FILES`] closed last, and any
+    /// other while this process holds POSIX locks on the inode through another connection
+    /// (see `io/posix_locks.rs`). Taken again by a reopen; the others closed once no lock is
+    /// held.
     parked: Vec<(FileIdentity, Arc<DataFile>)>,
 }
 
@@ -463,10 +471,10 @@ impl FileRegistry {
         Ok((file, OpenKind::New))
     }
 
-    /// Drops one opener (true if it was the last); after the last, closes the descriptors
-    /// (under the registry lock, or parked while the process holds POSIX locks on the file)
-    /// and keeps the entry for a reopen. The known stamp stays what the client last accepted: a
-    /// change nobody looked at before the close must still be caught at the reopen.
+    /// Drops one opener (true if it was the last); after the last, parks the descriptors for a
+    /// reopen (closing those of older closed files: `close_parked`) and keeps the entry. The
+    /// known stamp stays what the client last accepted: a change nobody looked at before the
+    /// close must still be caught at the reopen.
     pub(crate) fn close(&mut self, handle: &FileHandle) -> bool {
         let Some(entry) = self.by_identity.get_mut(&handle.identity) else {
             return false;
@@ -478,12 +486,11 @@ impl FileRegistry {
         if entry.openers > 0 {
             return false;
         }
-        // The last opener's calls have all returned. Its descriptors are closed (now, or
-        // once the process holds no POSIX lock on the file: closing one would drop them).
+        // The last opener's calls have all returned: its descriptors wait for a reopen.
         if let Some(data) = handle.data.write().take() {
             self.parked.push((handle.identity, data));
         }
-        self.close_parked();
+        self.close_parked(PARKED_FILES);
         self.retained.retain(|i| *i != handle.identity);
         self.retained.push_back(handle.identity);
         while self.retained.len() > MAX_RETAINED_FILES {
@@ -496,10 +503,16 @@ impl FileRegistry {
         true
     }
 
-    /// Closes the parked descriptors of files on which this process holds no POSIX lock now.
-    fn close_parked(&mut self) {
-        self.parked
-            .retain(|(identity, _)| crate::io::posix_locks::held_by_this_process(*identity));
+    /// Closes the parked descriptors of all but the `keep` files closed last, where this
+    /// process holds no POSIX lock on the file now (closing a descriptor would drop them).
+    fn close_parked(&mut self, keep: usize) {
+        let mut excess = self.parked.len().saturating_sub(keep);
+        // Oldest first; `/proc/locks` is read only for a file that is due.
+        self.parked.retain(|(identity, _)| {
+            let close = excess > 0 && !crate::io::posix_locks::held_by_this_process(*identity);
+            excess -= close as usize;
+            !close
+        });
     }
 
     /// The file's descriptors: the parked ones if it has some, else newly opened.
@@ -518,7 +531,7 @@ impl FileRegistry {
     /// A parked descriptor pair of the file, if any, for a reopen.
     fn take_parked(&mut self, identity: FileIdentity) -> Option<Arc<DataFile>> {
         let at = self.parked.iter().position(|(i, _)| *i == identity)?;
-        Some(self.parked.swap_remove(at).1)
+        Some(self.parked.remove(at).1)
     }
 
     /// The files open now.
@@ -587,8 +600,53 @@ fn open_data(req: &OpenRequest<'_>, identity: FileIdentity, config: &Config) -> 
 #[cfg(test)]
 mod tests {
     use super::{
-        KnownStamp, RewriteWatch, CHURN_GAP_MS, REWRITE_GAP_MS, REWRITE_QUIET_MS, REWRITE_STREAK,
+        KnownStamp, RewriteWatch, CHURN_GAP_MS, PARKED_FILES, REWRITE_GAP_MS, REWRITE_QUIET_MS,
+        REWRITE_STREAK,
     };
+    use crate::io::DataFile;
+    use crate::{Config, Engine, FileHandle};
+    use std::sync::{Arc, Weak};
+
+    /// A connection per request closes and reopens the same file: the reopen takes the
+    /// descriptors the close left (no open through /proc/self/fd, no /proc/locks read), for
+    /// the files closed last; an older closed file's are closed.
+    #[test]
+    fn the_files_closed_last_keep_their_descriptors_for_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::new(Config::default());
+        let descriptors =
+            |h: &FileHandle| Arc::downgrade(h.data.read().as_ref().expect("open descriptors"));
+        let paths: Vec<_> = (0..=PARKED_FILES)
+            .map(|i| {
+                let p = dir.path().join(format!("{i}.db"));
+                std::fs::write(&p, vec![0u8; 4096]).unwrap();
+                p
+            })
+            .collect();
+        let closed: Vec<Weak<DataFile>> = paths
+            .iter()
+            .map(|p| {
+                let h = engine.open_file(p, 4096).unwrap();
+                let d = descriptors(&h);
+                assert!(engine.close_file(&h), "the only opener");
+                d
+            })
+            .collect();
+        assert!(
+            closed[0].upgrade().is_none(),
+            "the oldest closed file kept its descriptors"
+        );
+        for (p, d) in paths.iter().zip(&closed).skip(1) {
+            let h = engine.open_file(p, 4096).unwrap();
+            let reopened = descriptors(&h);
+            assert!(
+                d.upgrade().is_some() && Weak::ptr_eq(&reopened, d),
+                "{}: opened again at the reopen",
+                p.display()
+            );
+            engine.close_file(&h);
+        }
+    }
 
     #[test]
     fn two_invalidations_within_the_churn_gap_make_the_file_churning_until_a_gap_passes() {

@@ -51,7 +51,9 @@ pub use extension::shared;
 /// measure or clean it.
 pub use extension::shared::memory_path as shared_memory_path;
 pub use extension::{initial_index_bytes, MIN_EXTENSION_BYTES};
-pub use files::{FileHandle, FileInfo, KnownStamp, OpenKind, OpenRequest, RACY_WINDOW};
+pub use files::{
+    FileHandle, FileInfo, KnownStamp, OpenKind, OpenRequest, PARKED_FILES, RACY_WINDOW,
+};
 pub use io::aligned::{Scratch, READAHEAD_BUFFERS_KEPT_BYTES};
 pub use io::clock::monotonic_ns;
 /// Opening the files kept beside the user's: never through a symbolic link.

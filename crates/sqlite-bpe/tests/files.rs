@@ -40,17 +40,18 @@ fn databases_with_different_page_sizes_share_the_pool() {
     let large = make(&dir.path().join("p8k.db"), 8192, 2000);
     let (a, b) = (checksum(&small), checksum(&large));
     assert_eq!(a, b);
-    let sizes: std::collections::BTreeSet<i64> = small
+    let cached: std::collections::BTreeSet<i64> = small
         .prepare("SELECT DISTINCT database_id FROM bpe_buffer_descriptors")
         .unwrap()
         .query_map([], |r| r.get(0))
         .unwrap()
         .map(Result::unwrap)
         .collect();
-    assert_eq!(
-        sizes.len(),
-        2,
-        "both files should have pages in the one pool"
+    // The other tests' files (closed, deleted) may have pages there too.
+    let id = |c: &rusqlite::Connection| c.query_row("SELECT DB_ID()", [], |r| r.get(0)).unwrap();
+    assert!(
+        cached.contains(&id(&small)) && cached.contains(&id(&large)),
+        "both files should have pages in the one pool: {cached:?}"
     );
     // VACUUM into another page size: the cached pages of the old size must not be served.
     small

@@ -79,7 +79,7 @@ pub fn run(a: &OltpArgs) -> anyhow::Result<BenchReport> {
         "extension_mb": plan.iter().filter_map(|c| Some((c.name, c.extension_mb(db_mb)?))).collect::<BTreeMap<_, _>>(),
         "stock_cgroup_mb": plan.iter().filter(|c| c.stock).map(|c| (c.name, cgroup_mb(c.memory_mb(db_mb)))).collect::<BTreeMap<_, _>>(),
         "writers": plan.iter().map(|c| (c.name, c.writers)).collect::<BTreeMap<_, _>>(),
-        "pager_cache_kib": db::PAGER_CACHE_KIB, "quick": c.quick,
+        "pager_cache_kib": db::bpe_pager_cache_kib()?, "quick": c.quick,
         "journal": a.journal.label(), "synchronous": a.synchronous.pragma(),
     });
     print_storage(&storage, report.reference.as_ref());

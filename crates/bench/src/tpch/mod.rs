@@ -160,7 +160,7 @@ pub fn run(a: &DwArgs) -> anyhow::Result<BenchReport> {
         "memory_percent": a.memory_percent, "extension_mb": extension_mb, "queries": queries,
         "fits_in_memory_mb": fits_mb, "stock_cgroup_mb": cgroup_mb(memory_mb),
         "stock_fits_in_memory_cgroup_mb": cgroup_mb(fits_mb),
-        "pager_cache_kib": db::PAGER_CACHE_KIB, "quick": c.quick,
+        "pager_cache_kib": db::bpe_pager_cache_kib()?, "quick": c.quick,
     });
     print_storage(&storage, report.reference.as_ref());
     println!(

@@ -81,7 +81,9 @@ struct Cached {
 }
 
 /// The base VFS named for the file SQLite opens as `name`: its URI's `bpe_base`, else
-/// `BPE_BASE_VFS`. None: the default (unix) VFS.
+/// `BPE_BASE_VFS` (read once per process, as the rest of the environment: the lookup walks the
+/// environment under a lock at every open of a database, its journal and its WAL). None: the
+/// default (unix) VFS.
 ///
 /// # Safety
 /// `name` is NULL or a file name SQLite passed to xOpen.
@@ -93,8 +95,13 @@ pub unsafe fn base_for(name: *const c_char, flags: c_int) -> Option<String> {
     }
     // SAFETY: forwarded contract.
     let from_uri = unsafe { api::uri_parameter(name, c"bpe_base") };
+    static FROM_ENV: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     from_uri
-        .or_else(|| std::env::var("BPE_BASE_VFS").ok())
+        .or_else(|| {
+            FROM_ENV
+                .get_or_init(|| std::env::var("BPE_BASE_VFS").ok())
+                .clone()
+        })
         .filter(|v| !v.is_empty())
 }
 

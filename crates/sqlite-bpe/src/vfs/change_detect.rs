@@ -51,7 +51,21 @@ use super::wal_view::{Forget, FramePages, WalLocks, WalToken, WalView};
 use bpe_core::sync::{Mutex, Rank};
 use bpe_core::{monotonic_ns, FileStamp};
 use bpe_core::{Engine, FileHandle, OpenKind};
+use std::collections::VecDeque;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+/// Files closed by every connection of this process whose commit log stays mapped, at most.
+/// An application that opens a connection per request closes and reopens the same file each
+/// time; creating the 64 KiB log in /dev/shm, reserving and initializing it, and removing it at
+/// the close cost four times stock SQLite's whole lookup (docs/BENCHMARKS.md, "A connection
+/// per lookup"). The most recently closed few keep theirs; each holds a descriptor.
+const LOGS_KEPT_CLOSED: usize = 4;
+
+/// The watches of the files closed most recently, oldest first (see [`LOGS_KEPT_CLOSED`]).
+/// Taken before a watch's state, never under it.
+static CLOSED_WITH_LOG: parking_lot::Mutex<VecDeque<Weak<FileWatch>>> =
+    parking_lot::Mutex::new(VecDeque::new());
 
 /// What this process knows of one database file, shared by all its connections to it.
 pub struct FileWatch {
@@ -91,6 +105,8 @@ struct Watch {
     /// (epoch, sequence number). See peer_log.rs.
     log: Option<PeerLog>,
     log_pos: Option<(u64, u64)>,
+    /// Every connection of ours closed the file, none has opened it since.
+    closed: bool,
     /// On a LiteFS mount: the position file and the header as the last read transaction saw
     /// them (see `replica_position`).
     replica: Option<(Vec<u8>, Vec<u8>)>,
@@ -211,6 +227,7 @@ impl FileWatch {
     /// A connection opened the file: `kind` says what the registry found.
     pub fn opened(&self, kind: OpenKind) {
         let mut w = self.state.lock();
+        w.closed = false;
         // A connection's first read transaction sees every write made before it opened.
         w.outside_checked_at = None;
         match kind {
@@ -245,12 +262,35 @@ impl FileWatch {
         self.state.lock().wal.start_afresh();
     }
 
-    /// The last connection of this process to the file closed: the commit log is of no use
-    /// until a reopen (which checks the stamp first), and is let go.
-    pub fn closed(&self) {
-        let mut w = self.state.lock();
-        w.log = None;
-        w.log_pos = None;
+    /// The last connection of this process to the file closed. Our position in the commit log
+    /// is let go: a reopen checks the stamp first, and its first read transaction takes the
+    /// position anew. The log stays mapped for a reopen if the file is among the
+    /// [`LOGS_KEPT_CLOSED`] closed last; the oldest other closed file lets go of its own.
+    pub fn closed(self: &Arc<Self>) {
+        {
+            let mut w = self.state.lock();
+            w.closed = true;
+            w.log_pos = None;
+        }
+        let mut kept = CLOSED_WITH_LOG.lock();
+        let me = Arc::downgrade(self);
+        kept.retain(|k| k.strong_count() > 0 && !k.ptr_eq(&me));
+        kept.push_back(me);
+        while kept.len() > LOGS_KEPT_CLOSED {
+            let Some(oldest) = kept.pop_front().and_then(|k| k.upgrade()) else {
+                continue;
+            };
+            let mut w = oldest.state.lock();
+            if w.closed {
+                w.log = None;
+            }
+        }
+    }
+
+    /// Whether the commit log is mapped (tests).
+    #[cfg(test)]
+    fn has_log(&self) -> bool {
+        self.state.lock().log.is_some()
     }
 
     /// A read transaction begins in rollback mode (or in WAL mode without a wal-index mapped,
@@ -534,6 +574,45 @@ mod tests {
         let engine = bpe_core::Engine::new(bpe_core::Config::default());
         let file = engine.open_file(&path, 4096).unwrap();
         (dir, path, engine, file)
+    }
+
+    /// A connection per request closes and reopens the same file: its commit log stays mapped
+    /// across the close (creating and removing it cost four times a lookup), for the files
+    /// closed last; an older closed file lets go of its own, a reopened one never.
+    #[test]
+    fn the_files_closed_last_keep_their_commit_log_mapped() {
+        let files: Vec<_> = (0..=super::LOGS_KEPT_CLOSED + 1)
+            .map(|_| one_page_file())
+            .collect();
+        let watches: Vec<_> = files
+            .iter()
+            .map(|(_, _, engine, file)| {
+                let w = file.client_state(FileWatch::default);
+                w.opened(OpenKind::New);
+                w.begin_read(engine, file, Some([0; 16]), None);
+                assert!(w.has_log(), "a rollback-mode read transaction maps the log");
+                w
+            })
+            .collect();
+        let (last, watches) = watches.split_last().unwrap();
+        for w in watches {
+            w.closed();
+        }
+        assert!(!watches[0].has_log(), "the oldest closed file kept its log");
+        assert!(watches[1..].iter().all(|w| w.has_log()));
+        // Closed again after a reopen: it moves to the back, pushing nobody out.
+        let reopened = OpenKind::Reopened {
+            changed: false,
+            racy: false,
+        };
+        watches[2].opened(reopened);
+        watches[2].closed();
+        assert!(watches[1..].iter().all(|w| w.has_log()));
+        // Reopened and open: the oldest entry now, it keeps its log when pushed out.
+        watches[1].opened(reopened);
+        last.closed();
+        assert!(watches[1].has_log(), "an open file let go of its log");
+        assert!(watches[3..].iter().all(|w| w.has_log()) && last.has_log());
     }
 
     /// A wal-index of ten frames, `backfill` of them checkpointed.
