@@ -39,7 +39,7 @@ pub const MAX_RETAINED_FILES: usize = 256;
 /// Closed files whose descriptors stay open for a reopen, at most (the most recently closed).
 /// An application that opens a connection per request closes and reopens the same file each
 /// time: opening its two descriptors and closing them (after reading `/proc/locks`, see
-/// `close_parked`) cost more than stock SQLite's whole lookup (docs/BENCHMARKS.md, "A
+/// `close_parked`) cost about half of stock SQLite's whole lookup (docs/BENCHMARKS.md, "A
 /// connection per lookup"). Few, since an open descriptor keeps a deleted file's blocks.
 pub const PARKED_FILES: usize = 4;
 
