@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The configurations, in the order they run and print.
-pub const CONFIGS: [&str; 20] = [
+pub const CONFIGS: [&str; 24] = [
     "rollback_txn",
     "rollback_autocommit",
     "wal_txn",
@@ -50,7 +50,16 @@ pub const CONFIGS: [&str; 20] = [
     "stock_rollback_per_connection",
     "wal_per_connection",
     "stock_wal_per_connection",
+    "rollback_per_connection_threads",
+    "stock_rollback_per_connection_threads",
+    "wal_per_connection_threads",
+    "stock_wal_per_connection_threads",
 ];
+
+/// Threads of the `*_per_connection_threads` configurations, each opening a connection per
+/// lookup: a web server's request handlers. Opens and closes then race each other's (a close
+/// that is the file's last in the process, an open that is its first).
+const REQUEST_THREADS: usize = 4;
 
 /// SQLite's default page cache (`PRAGMA cache_size = -2000`), KiB: what an application that
 /// never sets it runs with. The `*_defaults` configurations give it to bpe and to stock alike,
@@ -77,6 +86,8 @@ struct Shape {
     /// A new connection for each lookup, closed after it (a web request's), with SQLite's
     /// defaults: nothing else holds the file open meanwhile.
     per_connection: bool,
+    /// Threads looking up (1, or [`REQUEST_THREADS`] for a connection per lookup on each).
+    threads: usize,
 }
 
 fn shape(name: &str) -> Shape {
@@ -89,8 +100,13 @@ fn shape(name: &str) -> Shape {
         },
         txn: name.ends_with("_txn"),
         writer: name.contains("beside_writer"),
-        defaults: name.ends_with("_defaults") || name.ends_with("_per_connection"),
-        per_connection: name.ends_with("_per_connection"),
+        defaults: name.ends_with("_defaults") || name.contains("_per_connection"),
+        per_connection: name.contains("_per_connection"),
+        threads: if name.ends_with("_threads") {
+            REQUEST_THREADS
+        } else {
+            1
+        },
     }
 }
 
@@ -112,6 +128,8 @@ fn describe(s: &Shape, memory_mb: u64, interval_ms: u64) -> String {
     };
     let how = if s.txn {
         "all lookups in one transaction"
+    } else if s.per_connection && s.threads > 1 {
+        "a new connection for each lookup, on each of 4 threads"
     } else if s.per_connection {
         "a new connection for each lookup"
     } else {
@@ -137,6 +155,9 @@ struct Reads {
     /// Each lookup on a connection of its own (see [`Shape::per_connection`]).
     #[serde(default)]
     per_connection: bool,
+    /// Threads looking up, each with a connection per lookup when more than one.
+    #[serde(default = "one")]
+    threads: usize,
     seconds: f64,
     writer: Option<WriterConfig>,
     /// Where the writer's results go.
@@ -235,6 +256,7 @@ pub fn run(a: &AutocommitArgs) -> anyhow::Result<BenchReport> {
             txn: s.txn,
             default_cache: s.defaults,
             per_connection: s.per_connection,
+            threads: s.threads,
             seconds,
             writer: s.writer.then(|| WriterConfig {
                 db: db.clone(),
@@ -256,6 +278,10 @@ pub fn run(a: &AutocommitArgs) -> anyhow::Result<BenchReport> {
     Ok(report)
 }
 
+fn one() -> usize {
+    1
+}
+
 /// Monotonic nanoseconds, comparable between the processes of one machine.
 fn mono_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -265,6 +291,41 @@ fn mono_ns() -> u64 {
     // SAFETY: a plain syscall writing the struct we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+const LOOKUP: &str = "SELECT n FROM t WHERE id = ?1";
+
+/// A looked-up row's length and the writer's sequence number in it.
+fn row_read(r: &rusqlite::Row) -> rusqlite::Result<(usize, u64)> {
+    let b = r.get_ref(0)?.as_bytes()?;
+    Ok((b.len(), sequence_number(b)))
+}
+
+/// Looks up random rows with `lookup` for `window`, counting each in `ops`; the reads, timed.
+fn timed_lookups(
+    mut rng: StdRng,
+    rows: u64,
+    window: Duration,
+    ops: &AtomicU64,
+    mut lookup: impl FnMut(i64) -> anyhow::Result<(usize, u64)>,
+) -> anyhow::Result<Vec<Read>> {
+    let mut reads = Vec::with_capacity(1 << 18);
+    let t = Instant::now();
+    while t.elapsed() < window {
+        let id = rng.gen_range(1..=rows);
+        let start = mono_ns();
+        let (len, seq) = lookup(id as i64)?;
+        let took = mono_ns() - start;
+        anyhow::ensure!(len == ROW_BYTES, "a lookup returned a wrong row");
+        reads.push(Read {
+            start,
+            took: took.min(u32::MAX as u64) as u32,
+            id,
+            seq,
+        });
+        ops.fetch_add(1, Relaxed);
+    }
+    Ok(reads)
 }
 
 /// Times a connection found the database locked by the writer and waited.
@@ -293,6 +354,7 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         "journal": setup.journal.label(),
         "transaction": if cfg.txn { "one" } else { "autocommit" },
         "connection": if cfg.per_connection { "one per lookup" } else { "one" },
+        "threads": cfg.threads,
         "pager_cache_kib": -cache_size,
     });
     let writer = match &cfg.writer {
@@ -310,21 +372,13 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
     BUSY_WAITS.store(0, Relaxed);
     let sp = progress::spinner(&setup.name);
     sp.set_message(format!("{} s of lookups", cfg.seconds));
-    let mut rng = StdRng::seed_from_u64(SEED);
-    const LOOKUP: &str = "SELECT n FROM t WHERE id = ?1";
     // Per connection: the warm connection closes first, so that each lookup's open and close
     // are the file's first and last, as for a request served alone.
     let conn = (!cfg.per_connection).then_some(conn);
     let mut q = conn.as_ref().map(|c| c.prepare(LOOKUP)).transpose()?;
-    let mut lookup = |id: i64| -> anyhow::Result<(usize, u64)> {
-        let row = |r: &rusqlite::Row| {
-            let b = r.get_ref(0)?.as_bytes()?;
-            Ok((b.len(), sequence_number(b)))
-        };
-        Ok(match q.as_mut() {
-            Some(q) => q.query_row([id], row)?,
-            None => db::open_for_request(&setup.db, setup.sqlite)?.query_row(LOOKUP, [id], row)?,
-        })
+    let request = |id: i64| -> anyhow::Result<(usize, u64)> {
+        let c = db::open_for_request(&setup.db, setup.sqlite)?;
+        Ok(c.query_row(LOOKUP, [id], row_read)?)
     };
     let mut reads: Vec<Read> = Vec::with_capacity(1 << 20);
     let window = Duration::from_secs_f64(cfg.seconds);
@@ -332,20 +386,26 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         if let (true, Some(c)) = (cfg.txn, &conn) {
             c.execute_batch("BEGIN")?;
         }
-        let t = Instant::now();
-        while t.elapsed() < window {
-            let id = rng.gen_range(1..=cfg.rows);
-            let start = mono_ns();
-            let (len, seq) = lookup(id as i64)?;
-            let took = mono_ns() - start;
-            anyhow::ensure!(len == ROW_BYTES, "a lookup returned a wrong row");
-            reads.push(Read {
-                start,
-                took: took.min(u32::MAX as u64) as u32,
-                id,
-                seq,
-            });
-            ops.fetch_add(1, Relaxed);
+        if cfg.threads > 1 {
+            let each = std::thread::scope(|scope| {
+                let threads: Vec<_> = (0..cfg.threads)
+                    .map(|i| {
+                        let rng = StdRng::seed_from_u64(SEED + i as u64);
+                        scope.spawn(move || timed_lookups(rng, cfg.rows, window, ops, request))
+                    })
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|t| t.join().expect("a lookup thread panicked"))
+                    .collect::<anyhow::Result<Vec<_>>>()
+            })?;
+            reads.extend(each.into_iter().flatten());
+        } else {
+            let rng = StdRng::seed_from_u64(SEED);
+            reads = timed_lookups(rng, cfg.rows, window, ops, |id| match q.as_mut() {
+                Some(q) => Ok(q.query_row([id], row_read)?),
+                None => request(id),
+            })?;
         }
         if let (true, Some(c)) = (cfg.txn, &conn) {
             c.execute_batch("COMMIT")?;

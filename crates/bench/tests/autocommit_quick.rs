@@ -46,6 +46,10 @@ fn autocommit_runs_every_configuration_and_the_writer_is_noticed() {
             "stock_rollback_per_connection",
             "wal_per_connection",
             "stock_wal_per_connection",
+            "rollback_per_connection_threads",
+            "stock_rollback_per_connection_threads",
+            "wal_per_connection_threads",
+            "stock_wal_per_connection_threads",
         ]
     );
     let memory_kib = v["parameters"]["memory_mb"].as_i64().unwrap() * 1024;
@@ -67,10 +71,13 @@ fn autocommit_runs_every_configuration_and_the_writer_is_noticed() {
         // Only the bpe configurations have an engine counting pages.
         assert_eq!(c["counters"]["engine"].as_bool().unwrap(), !stock, "{name}");
         assert!(d["latency_us"]["p50"].as_f64().unwrap() > 0.0, "{name}");
-        // A new connection for each lookup in the *_per_connection pair, with SQLite's
-        // defaults; SQLite's page cache: its default on both sides there and in the *_defaults
-        // pair, else the memory budget for stock and bpe's small pager cache.
-        let per_connection = name.ends_with("_per_connection");
+        // A new connection for each lookup in the *_per_connection pairs (on 4 threads in
+        // *_threads), with SQLite's defaults; SQLite's page cache: its default on both sides
+        // there and in the *_defaults pair, else the memory budget for stock and bpe's small
+        // pager cache.
+        let per_connection = name.contains("_per_connection");
+        let threads = if name.ends_with("_threads") { 4 } else { 1 };
+        assert_eq!(d["threads"], threads, "{name}");
         let connection = if per_connection {
             "one per lookup"
         } else {

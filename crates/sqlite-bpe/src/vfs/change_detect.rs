@@ -145,7 +145,8 @@ impl Watch {
     }
 
     /// The view just took its first token: after the process's first open of the file, after an
-    /// open that found it changed, or after our connection deleted the WAL. A checkpoint by
+    /// open that found it changed, or after our connection deleted the WAL; or the first of a
+    /// wal-index rebuilt meanwhile (`WalView::rebuilt`). A checkpoint by
     /// another process since the stamp was last accepted is in the file but in no token the
     /// view will compare with; only the stamp shows it. Taken after the token, it must be the
     /// one accepted last, and neither may be racy (`reopened_racy`, `KnownStamp::racy`: within
@@ -369,12 +370,13 @@ impl FileWatch {
         // happened or follow (a plain process's too, which a bpe process may switch back).
         w.break_peer_chains(file);
         let token = read_token();
-        let first = w.wal.is_fresh();
+        let first = w.wal.stamp_must_vouch();
         let change = w.wal.look(token, pages);
         // The stamp compared at the reopen was taken within a clock tick of a write: on a
         // kernel with coarse timestamps a foreign checkpoint in that tick leaves it equal.
         let reopened_racy = std::mem::take(&mut w.reopened_racy);
-        if first && !w.wal.is_fresh() {
+        if first && !w.wal.stamp_must_vouch() {
+            forget(engine, file, change);
             w.check_first_token(engine, file, stamp(), reopened_racy);
         } else if reopened_racy || change != Forget::Nothing {
             forget(engine, file, change);
@@ -445,10 +447,10 @@ impl FileWatch {
         pages: FramePages<'_>,
     ) {
         let mut w = self.state.lock();
-        let first = w.wal.is_fresh();
+        let first = w.wal.stamp_must_vouch();
         let change = w.wal.look(read_token(), pages);
         forget(engine, file, change);
-        if first && !w.wal.is_fresh() {
+        if first && !w.wal.stamp_must_vouch() {
             w.check_first_token(engine, file, file.stamp_now().ok(), false);
         }
     }
@@ -468,11 +470,11 @@ impl FileWatch {
     ) {
         let mut w = self.state.lock();
         let token = read_token();
-        let first = w.wal.is_fresh();
+        let first = w.wal.stamp_must_vouch();
         let change = w.wal.look(token, pages);
         let accounted = change != Forget::Nothing;
         forget(engine, file, change);
-        if first && !w.wal.is_fresh() {
+        if first && !w.wal.stamp_must_vouch() {
             w.check_first_token(engine, file, file.stamp_now().ok(), false);
         }
         if lock.write {
@@ -909,5 +911,52 @@ mod tests {
         std::fs::write(&path, vec![3u8; 4096]).unwrap();
         watch.look_wal(&engine, &file, frames_of([1, 2], 10), &frame_pages);
         assert_eq!(invalidations(), 3, "missed at the first read");
+    }
+
+    /// A wal-index rebuilt while no connection of ours was attached, over an empty WAL (salts
+    /// 0, as before): what happened meanwhile shows only in the stamp. Threads opening a
+    /// connection per lookup rebuild it at most first opens after a last close; an unchanged
+    /// stamp must not cost the file, a changed one must.
+    #[test]
+    fn a_rebuilt_wal_index_over_an_empty_wal_is_vouched_for_by_the_stamp() {
+        let (_dir, path, engine, file) = one_page_file();
+        let watch = FileWatch::default();
+        let stamp = || file.stamp_now().ok();
+        let invalidations = || engine.counters().file_invalidations;
+        let empty = || {
+            Some(WalToken {
+                salts: [0, 0],
+                change: 0,
+                max_frame: 0,
+                backfill: 0,
+                rest: [3_007_000, 1, 0, 0, 0, 5, 6],
+            })
+        };
+        let unbuilt = || Some(super::super::wal_view::NOT_BUILT);
+        let write = WalLocks {
+            write: true,
+            checkpoint: false,
+        };
+        watch.begin_read_wal(&engine, &file, empty, &frame_pages, stamp);
+        // The recovering connection takes the write lock, finds the header unbuilt, rebuilds it
+        // and releases the lock.
+        let rebuild = |then: &dyn Fn()| {
+            watch.wal_lock(&engine, &file, unbuilt, &frame_pages, write, true);
+            then();
+            watch.wal_lock(&engine, &file, empty, &frame_pages, write, false);
+            watch.begin_read_wal(&engine, &file, empty, &frame_pages, stamp);
+        };
+        rebuild(&|| {});
+        assert_eq!(
+            invalidations(),
+            0,
+            "a rebuild nobody wrote around forgot the file"
+        );
+        rebuild(&|| std::fs::write(&path, vec![1u8; 4096]).unwrap());
+        assert_eq!(
+            invalidations(),
+            1,
+            "a checkpoint before the rebuild was missed"
+        );
     }
 }

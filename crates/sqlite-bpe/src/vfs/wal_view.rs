@@ -51,6 +51,10 @@ pub(super) struct WalView {
     /// but had not seen backfilled were backfilled before it. None where they could not all be
     /// read.
     frames: Option<Vec<u32>>,
+    /// The wal-index was seen unbuilt since `known` was accounted (a new `-shm` file, or one
+    /// truncated when the first connection attached to it): the header recovery rebuilds it
+    /// into starts iChange and nBackfill at 0 again (`rebuilt`).
+    rebuilding: bool,
     /// One of our connections holds the write lock (only a writer restarts the WAL).
     pub(super) writing: bool,
     /// One of our connections holds the checkpoint lock (only a checkpointer backfills).
@@ -79,11 +83,14 @@ impl WalView {
     /// Drops the token last accounted for: the next look takes its token as the first.
     pub(super) fn start_afresh(&mut self) {
         self.known = None;
+        self.rebuilding = false;
     }
 
-    /// No token is accounted for: the next look that reads one takes it as the first.
-    pub(super) fn is_fresh(&self) -> bool {
-        self.known.is_none()
+    /// The next token is one that the file's stamp must vouch for: the view's first, or the
+    /// first of a rebuilt wal-index (which no longer says whether a checkpoint ran while no
+    /// connection was attached, where the WAL is empty: see `rebuilt`).
+    pub(super) fn stamp_must_vouch(&self) -> bool {
+        self.known.is_none() || self.rebuilding
     }
 
     /// Accounts for the token read now; a token that could not be read says nothing, and what
@@ -109,7 +116,11 @@ impl WalView {
         if token.rest[0] == 0 {
             // A wal-index whose header was never written (iVersion 0): the first connection
             // to open the WAL is about to build it. Nothing to compare; the next look is.
+            self.rebuilding |= self.known.is_some();
             return Forget::Nothing;
+        }
+        if let Some(known) = self.known.filter(|_| std::mem::take(&mut self.rebuilding)) {
+            return self.rebuilt(known, token, pages);
         }
         if self.known == Some(token) {
             // Nothing moved since the last look: the common case, met twice by every read
@@ -141,12 +152,7 @@ impl WalView {
             self.frames = pages(0, token.max_frame, token.salts).and_then(keepable);
             return Forget::File;
         }
-        if let Some(frames) = &mut self.frames {
-            match pages(known.max_frame, token.max_frame, token.salts) {
-                Some(new) if frames.len() + new.len() <= MAX_FRAMES_KEPT => frames.extend(new),
-                _ => self.frames = None,
-            }
-        }
+        self.keep_frames(known.max_frame, token, pages);
         if commits > appended
             || (commits == 0) != (appended == 0)
             || (appended == 0 && token.rest != known.rest)
@@ -188,6 +194,35 @@ impl WalView {
         forget.sort_unstable();
         forget.dedup();
         Forget::Pages(forget)
+    }
+
+    /// The first token of a wal-index rebuilt since `known`. Recovery builds it from the WAL
+    /// file when the first connection attaches, so no process was attached since the last one
+    /// of ours detached; what they did meanwhile shows only partly: iChange and nBackfill start
+    /// again at 0 (and no reader reads the database file for a page in the WAL until a
+    /// checkpoint moves nBackfill again). In the same WAL (the same salts, no frame lost) the
+    /// frames not seen backfilled may have been: their pages are forgotten. Any other WAL may
+    /// have come after commits and checkpoints we never saw: the file is forgotten. An empty
+    /// WAL (salts 0: no header written) names no generation, so the caller also checks the
+    /// stamp (`stamp_must_vouch`), as for a first token.
+    fn rebuilt(&mut self, known: WalToken, token: WalToken, pages: FramePages<'_>) -> Forget {
+        self.known = Some(token);
+        if known.salts != token.salts || token.max_frame < known.max_frame {
+            self.frames = pages(0, token.max_frame, token.salts).and_then(keepable);
+            return Forget::File;
+        }
+        self.keep_frames(known.max_frame, token, pages);
+        self.pages_of(known.backfill, token.max_frame, token.salts, pages)
+    }
+
+    /// Adds the pages of frames (from, token.max_frame] of the same WAL to those kept.
+    fn keep_frames(&mut self, from: u32, token: WalToken, pages: FramePages<'_>) {
+        if let Some(frames) = &mut self.frames {
+            match pages(from, token.max_frame, token.salts) {
+                Some(new) if frames.len() + new.len() <= MAX_FRAMES_KEPT => frames.extend(new),
+                _ => self.frames = None,
+            }
+        }
     }
 
     /// The pages of frames (from, to] of the current WAL.
@@ -242,7 +277,11 @@ pub unsafe fn wal_token(region0: *const u8) -> Option<WalToken> {
         // before an earlier Acquire load); no fence is needed between them, since this reader
         // writes nothing.
         let first = copy(0);
-        if !same(&copy(1), &first) {
+        let second = copy(1);
+        if !same(&second, &first) {
+            if truncated_at_attach(&first, &second) {
+                return Some(NOT_BUILT);
+            }
             continue;
         }
         let backfill = word(96);
@@ -258,6 +297,31 @@ pub unsafe fn wal_token(region0: *const u8) -> Option<WalToken> {
         });
     }
     None
+}
+
+/// The token of a wal-index whose header was never written (`WalView::account`: nothing to
+/// compare).
+pub(super) const NOT_BUILT: WalToken = WalToken {
+    salts: [0, 0],
+    change: 0,
+    max_frame: 0,
+    backfill: 0,
+    rest: [0; 7],
+};
+
+/// Whether the two header copies are what the unix VFS leaves when the first connection to
+/// attach to an existing `-shm` file truncates it to 3 bytes (`unixLockSharedMemory`, "as a
+/// system debugging aid"): the first copy's first 3 bytes kept, every other byte zero. The
+/// wal-index is then as unbuilt as a new one, and the connection about to build it takes the
+/// write lock, finds the copies unequal under it and runs recovery. Read first copy first and
+/// written second copy first, a header that reads so was not written between the reads.
+/// Treated as a torn header, it cost the whole file's cache at every such attach, as threads
+/// opening a connection per lookup make at each first open after a last close (after 10,000
+/// rereads of a header nobody could change: the reader holds the write lock).
+fn truncated_at_attach(first: &[u32; 12], second: &[u32; 12]) -> bool {
+    first[0].to_ne_bytes()[3] == 0
+        && first[1..].iter().all(|&w| w == 0)
+        && second.iter().all(|&w| w == 0)
 }
 
 /// nBackfill alone, for a look within a read transaction (see `Conn::wal_first_read`).
@@ -392,23 +456,12 @@ mod tests {
     /// it only in iChange (+1) and the checksum (so SQLite takes it as a writer's header).
     #[test]
     fn a_bumped_wal_index_header_is_sqlites_header_with_the_next_change() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("w.db");
-        let c = rusqlite::Connection::open(&db).unwrap();
-        c.pragma_update(None, "journal_mode", "wal").unwrap();
-        c.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
-            .unwrap();
-        let shm = std::fs::read(dir.path().join("w.db-shm")).unwrap();
+        let mut region = written_region0();
         let words = |b: &[u8]| -> [u32; 12] {
             std::array::from_fn(|i| u32::from_ne_bytes(b[i * 4..i * 4 + 4].try_into().unwrap()))
         };
-        let written = words(&shm[..48]);
+        let written: [u32; 12] = region[..12].try_into().unwrap();
         assert_eq!(super::header_checksum(&written), [written[10], written[11]]);
-        let mut region: Vec<u32> = words(&shm[..48]).into_iter().collect();
-        region.extend(words(&shm[48..96]));
-        region.extend(
-            (0..10).map(|i| u32::from_ne_bytes(shm[96 + i * 4..100 + i * 4].try_into().unwrap())),
-        );
         // SAFETY: region is 136 bytes of u32 (aligned), written only through this pointer.
         assert!(unsafe { super::bump_change(region.as_mut_ptr() as *const u8) });
         let bytes: Vec<u8> = region.iter().flat_map(|w| w.to_ne_bytes()).collect();
@@ -418,6 +471,47 @@ mod tests {
         assert_eq!(super::header_checksum(&first), [first[10], first[11]]);
         assert_eq!(first[..2], written[..2]);
         assert_eq!(first[3..10], written[3..10]);
+    }
+
+    /// The wal-index region 0 of a WAL database SQLite just wrote one commit into, as words.
+    fn written_region0() -> Vec<u32> {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("w.db");
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.pragma_update(None, "journal_mode", "wal").unwrap();
+        c.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+            .unwrap();
+        let shm = std::fs::read(dir.path().join("w.db-shm")).unwrap();
+        shm[..136]
+            .chunks(4)
+            .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    /// The unix VFS truncates an existing `-shm` file to 3 bytes when the first connection
+    /// attaches: a wal-index as unbuilt as a new one, not a torn header; a header whose copies
+    /// differ otherwise is still no token.
+    #[test]
+    fn a_wal_index_truncated_at_attach_reads_as_never_written() {
+        let mut region = written_region0();
+        // SAFETY: region is 136 bytes of u32 (aligned), not written while read.
+        let token = unsafe { super::wal_token(region.as_ptr() as *const u8) }.unwrap();
+        assert_eq!(token.rest[0], 3_007_000, "a header SQLite wrote");
+        let mut bytes: Vec<u8> = region.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        bytes[3..].fill(0);
+        let truncated: Vec<u32> = bytes
+            .chunks(4)
+            .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
+            .collect();
+        // SAFETY: as above.
+        let token = unsafe { super::wal_token(truncated.as_ptr() as *const u8) };
+        assert_eq!(token, Some(super::NOT_BUILT));
+        // The second copy written and the first not yet: a header being written, or a writer
+        // that died while writing it.
+        region[..12].copy_from_slice(&truncated[..12]);
+        // SAFETY: as above.
+        let token = unsafe { super::wal_token(region.as_ptr() as *const u8) };
+        assert_eq!(token, None);
     }
 
     /// A model of one database's wal-index as SQLite's writers keep it: the frames' pages of
@@ -441,9 +535,17 @@ mod tests {
                 n_page: 2,
             }
         }
+        /// A WAL no commit wrote a header into: salts 0.
+        fn empty() -> WalIndex {
+            WalIndex {
+                salt1: 0,
+                change: 0,
+                ..WalIndex::new()
+            }
+        }
         fn token(&self) -> WalToken {
             WalToken {
-                salts: [self.salt1.to_be(), 99],
+                salts: [self.salt1.to_be(), if self.salt1 == 0 { 0 } else { 99 }],
                 change: self.change,
                 max_frame: self.frames.len() as u32,
                 backfill: self.backfill,
@@ -590,25 +692,67 @@ mod tests {
     }
 
     /// A wal-index never written yet (the first connection to the WAL builds it next) is no
-    /// look: what it is built into is compared with what was known before.
+    /// look: before the view's first token, what it is built into is the first token.
     #[test]
     fn a_header_never_written_is_not_a_look() {
         let (mut wal, mut view) = (WalIndex::new(), WalView::default());
         wal.commit(&[1]);
-        let mut blank = wal.token();
-        blank.rest = [0; 7];
-        blank.change = 0;
-        blank.max_frame = 0;
-        assert_eq!(view.look(Some(blank), &|_, _, _| None), Forget::Nothing);
-        assert_eq!(wal.look(&mut view), Forget::Nothing, "the first look");
-        wal.look(&mut view);
-        assert_eq!(view.look(Some(blank), &|_, _, _| None), Forget::Nothing);
-        wal.commit(&[2]);
         assert_eq!(
-            wal.look(&mut view),
-            Forget::Nothing,
-            "compared with the last real look"
+            view.look(Some(super::NOT_BUILT), &|_, _, _| None),
+            Forget::Nothing
         );
+        assert!(view.stamp_must_vouch());
+        assert_eq!(wal.look(&mut view), Forget::Nothing, "the first look");
+        assert!(!view.stamp_must_vouch());
+        wal.commit(&[2]);
+        assert_eq!(wal.look(&mut view), Forget::Nothing, "compared with it");
+    }
+
+    /// The wal-index rebuilt (a new `-shm` file, or one truncated at attach, then recovery)
+    /// after our last look: iChange and nBackfill start at 0 again, and say nothing of the
+    /// checkpoints run meanwhile. In the same WAL the frames we did not see backfilled are
+    /// forgotten; another WAL forgets the file, even under our write lock (the connection that
+    /// recovers holds it); an empty WAL is left to the stamp.
+    #[test]
+    fn a_rebuilt_wal_index_forgets_the_frames_not_seen_backfilled() {
+        let (mut wal, mut view) = (WalIndex::new(), WalView::default());
+        wal.commit(&[1]);
+        wal.commit(&[2]);
+        wal.checkpoint();
+        wal.commit(&[3]);
+        wal.look(&mut view);
+        // Another process commits and checkpoints, every process detaches; the next to attach
+        // finds the wal-index unbuilt and recovers it from the WAL file.
+        wal.commit(&[4]);
+        wal.checkpoint();
+        assert_eq!(
+            view.look(Some(super::NOT_BUILT), &|_, _, _| None),
+            Forget::Nothing
+        );
+        assert!(view.stamp_must_vouch());
+        wal.change = 0;
+        wal.backfill = 0;
+        view.writing = true;
+        assert_eq!(wal.look(&mut view), pages(&[3, 4]));
+        assert!(!view.stamp_must_vouch());
+        assert_eq!(wal.look(&mut view), Forget::Nothing);
+        view.writing = false;
+
+        wal.checkpoint();
+        wal.restart();
+        wal.commit(&[5]);
+        view.look(Some(super::NOT_BUILT), &|_, _, _| None);
+        wal.change = 0;
+        view.writing = true;
+        assert_eq!(wal.look(&mut view), Forget::File, "another WAL");
+        view.writing = false;
+
+        // An empty WAL, no header written: salts 0, before and after.
+        let (empty, mut view) = (WalIndex::empty(), WalView::default());
+        empty.look(&mut view);
+        view.look(Some(super::NOT_BUILT), &|_, _, _| None);
+        assert_eq!(empty.look(&mut view), Forget::Nothing);
+        assert!(!view.stamp_must_vouch(), "the caller took the stamp");
     }
 
     /// A header rewritten by a writer outside SQLite (LiteFS's replica) whose change counter
