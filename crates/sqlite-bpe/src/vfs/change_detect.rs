@@ -74,6 +74,10 @@ pub struct FileWatch {
     /// stamp, the one signal of a write outside SQLite's protocol there: see
     /// [`OUTSIDE_WRITE_CHECK_INTERVAL`].
     outside_check_interval: Duration,
+    /// Whether the file is on a FUSE mount (LiteFS: replica_pos.rs), once asked. A file is one
+    /// inode of one device for the watch's life, and a mount's type never changes: a `statfs`
+    /// at every open cost a connection per request a system call.
+    on_fuse: std::sync::OnceLock<bool>,
 }
 
 /// A WAL read transaction with nothing to checkpoint takes the file's stamp if the last one is
@@ -222,7 +226,13 @@ impl FileWatch {
         FileWatch {
             state: Mutex::new(Rank::FileState, Watch::default()),
             outside_check_interval: interval,
+            on_fuse: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Whether the file is on a FUSE mount: `look` asks, the first time only.
+    pub fn on_fuse(&self, look: &dyn Fn() -> bool) -> bool {
+        *self.on_fuse.get_or_init(look)
     }
 
     /// A connection opened the file: `kind` says what the registry found.

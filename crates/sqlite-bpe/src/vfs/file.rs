@@ -84,6 +84,7 @@ impl Conn {
     ) -> Result<Conn, Error> {
         let engine = crate::process::engine();
         let (handle, watch) = attach(&engine, path, fd, identity)?;
+        let replica_pos = ReplicaPos::find(path, |look| watch.on_fuse(look));
         Ok(Conn {
             engine,
             generation: crate::process::generation(),
@@ -103,7 +104,7 @@ impl Conn {
             size_at_lock: None,
             wal_read_began: false,
             token_at_lock: None,
-            replica_pos: ReplicaPos::find(path),
+            replica_pos,
             pins: Vec::new(),
             mmap_limit: 0,
             behind: BehindLog::default(),
@@ -142,8 +143,8 @@ fn attach(
     identity: Option<FileIdentity>,
 ) -> Result<(FileHandle, Arc<FileWatch>), Error> {
     let proc_fd = fd
-        .map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")))
-        .filter(|p| p.exists());
+        .filter(|_| proc_fd_mounted())
+        .map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")));
     let (handle, kind) = engine.open_file_with(&OpenRequest {
         path,
         open_from: proc_fd.as_deref().unwrap_or(path),
@@ -153,6 +154,14 @@ fn attach(
     let watch = handle.client_state(FileWatch::default);
     watch.opened(kind);
     Ok((handle, watch))
+}
+
+/// Whether `/proc/self/fd` lists this process's descriptors (procfs mounted), asked once: an
+/// open descriptor's entry is then there, and a stat of it at every open cost a path walk
+/// through procfs where a connection per request opens the file at each.
+fn proc_fd_mounted() -> bool {
+    static MOUNTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MOUNTED.get_or_init(|| Path::new("/proc/self/fd").is_dir())
 }
 
 /// The page size the database header records (bytes 16-17, big-endian, 1 for 65536), read

@@ -24,9 +24,10 @@ pub struct ReplicaPos {
 }
 
 impl ReplicaPos {
-    /// The position file of the database at `db`, if it is on a FUSE mount and has one.
-    pub fn find(db: &Path) -> Option<ReplicaPos> {
-        if !on_fuse(db) {
+    /// The position file of the database at `db`, if it is on a FUSE mount (`on_fuse`, asked
+    /// only if not known) and has one.
+    pub fn find(db: &Path, on_fuse: impl FnOnce(&dyn Fn() -> bool) -> bool) -> Option<ReplicaPos> {
+        if !on_fuse(&|| is_on_fuse(db)) {
             return None;
         }
         let mut name = db.as_os_str().to_owned();
@@ -44,7 +45,8 @@ impl ReplicaPos {
     }
 }
 
-fn on_fuse(path: &Path) -> bool {
+/// Whether the file at `path` is on a FUSE mount (one `statfs`).
+fn is_on_fuse(path: &Path) -> bool {
     let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
         return false;
     };
