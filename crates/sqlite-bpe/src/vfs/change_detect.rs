@@ -74,10 +74,6 @@ pub struct FileWatch {
     /// stamp, the one signal of a write outside SQLite's protocol there: see
     /// [`OUTSIDE_WRITE_CHECK_INTERVAL`].
     outside_check_interval: Duration,
-    /// Whether the file is on a FUSE mount (LiteFS: replica_pos.rs), once asked. A file is one
-    /// inode of one device for the watch's life, and a mount's type never changes: a `statfs`
-    /// at every open cost a connection per request a system call.
-    on_fuse: std::sync::OnceLock<bool>,
 }
 
 /// A WAL read transaction with nothing to checkpoint takes the file's stamp if the last one is
@@ -120,6 +116,11 @@ struct Watch {
     /// A read transaction skipped that look (within the interval): our next write transaction
     /// looks before its commit, whose checkpoint would otherwise accept a changed stamp unseen.
     outside_look_skipped: bool,
+    /// Whether the file is on a FUSE mount, once an open could tell (`FileWatch::on_fuse`). A
+    /// `statfs` at every open cost a connection per request a system call; the file is one
+    /// inode of one device while its entry lives, but a device number can be reused after an
+    /// unmount, so a reopen that finds the file changed asks again.
+    on_fuse: Option<bool>,
 }
 
 /// The change counter in header bytes 24..40.
@@ -226,13 +227,22 @@ impl FileWatch {
         FileWatch {
             state: Mutex::new(Rank::FileState, Watch::default()),
             outside_check_interval: interval,
-            on_fuse: std::sync::OnceLock::new(),
         }
     }
 
-    /// Whether the file is on a FUSE mount: `look` asks, the first time only.
-    pub fn on_fuse(&self, look: &dyn Fn() -> bool) -> bool {
-        *self.on_fuse.get_or_init(look)
+    /// Whether the file is on a FUSE mount (LiteFS: replica_pos.rs): `look` asks (None: it
+    /// could not tell, and the next open asks again), unless an earlier open of the file did.
+    pub fn on_fuse(&self, look: &dyn Fn() -> Option<bool>) -> bool {
+        if let Some(known) = self.state.lock().on_fuse {
+            return known;
+        }
+        let Some(answer) = look() else {
+            return false;
+        };
+        let mut w = self.state.lock();
+        w.on_fuse = Some(answer);
+        w.wal.replicated = answer;
+        answer
     }
 
     /// A connection opened the file: `kind` says what the registry found.
@@ -258,6 +268,7 @@ impl FileWatch {
                 if changed {
                     w.wal.start_afresh();
                     w.header = None;
+                    w.on_fuse = None;
                 }
                 w.reopened_racy = racy && !changed;
             }

@@ -145,12 +145,21 @@ fn attach(
     let proc_fd = fd
         .filter(|_| proc_fd_mounted())
         .map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")));
-    let (handle, kind) = engine.open_file_with(&OpenRequest {
-        path,
-        open_from: proc_fd.as_deref().unwrap_or(path),
-        expect: identity,
-        page_size: fd.and_then(header_page_size).unwrap_or(4096),
-    })?;
+    let page_size = fd.and_then(header_page_size).unwrap_or(4096);
+    let open_from = |from: &Path| {
+        engine.open_file_with(&OpenRequest {
+            path,
+            open_from: from,
+            expect: identity,
+            page_size,
+        })
+    };
+    // Through procfs if it was there when first asked, by name if it is not now (a chroot);
+    // `expect` keeps either to the file SQLite opened.
+    let (handle, kind) = match proc_fd.as_deref() {
+        Some(proc) => open_from(proc).or_else(|_| open_from(path))?,
+        None => open_from(path)?,
+    };
     let watch = handle.client_state(FileWatch::default);
     watch.opened(kind);
     Ok((handle, watch))

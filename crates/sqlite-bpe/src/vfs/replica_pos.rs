@@ -24,9 +24,12 @@ pub struct ReplicaPos {
 }
 
 impl ReplicaPos {
-    /// The position file of the database at `db`, if it is on a FUSE mount (`on_fuse`, asked
-    /// only if not known) and has one.
-    pub fn find(db: &Path, on_fuse: impl FnOnce(&dyn Fn() -> bool) -> bool) -> Option<ReplicaPos> {
+    /// The position file of the database at `db`, if it is on a FUSE mount (`on_fuse` answers,
+    /// given the `statfs` to ask if it does not know) and has one.
+    pub fn find(
+        db: &Path,
+        on_fuse: impl FnOnce(&dyn Fn() -> Option<bool>) -> bool,
+    ) -> Option<ReplicaPos> {
         if !on_fuse(&|| is_on_fuse(db)) {
             return None;
         }
@@ -45,16 +48,14 @@ impl ReplicaPos {
     }
 }
 
-/// Whether the file at `path` is on a FUSE mount (one `statfs`).
-fn is_on_fuse(path: &Path) -> bool {
-    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
+/// Whether the file at `path` is on a FUSE mount (one `statfs`); None if it cannot tell.
+fn is_on_fuse(path: &Path) -> Option<bool> {
+    let c = CString::new(path.as_os_str().as_bytes()).ok()?;
     // SAFETY: statfs fills st for a valid C path; st is plain data, valid for writes.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return false;
+        return None;
     }
-    st.f_type as i64 == FUSE_SUPER_MAGIC
+    Some(st.f_type as i64 == FUSE_SUPER_MAGIC)
 }

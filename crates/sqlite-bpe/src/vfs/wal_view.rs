@@ -55,6 +55,10 @@ pub(super) struct WalView {
     /// truncated when the first connection attached to it): the header recovery rebuilds it
     /// into starts iChange and nBackfill at 0 again (`rebuilt`).
     rebuilding: bool,
+    /// The file is on a FUSE mount, a LiteFS replica's: LiteFS writes a replicated
+    /// transaction into the file and bumps iChange with no frames, which a rebuild erases, so
+    /// a rebuilt wal-index forgets the file there.
+    pub(super) replicated: bool,
     /// One of our connections holds the write lock (only a writer restarts the WAL).
     pub(super) writing: bool,
     /// One of our connections holds the checkpoint lock (only a checkpointer backfills).
@@ -119,7 +123,9 @@ impl WalView {
             self.rebuilding |= self.known.is_some();
             return Forget::Nothing;
         }
-        if let Some(known) = self.known.filter(|_| std::mem::take(&mut self.rebuilding)) {
+        if self.rebuilding {
+            self.rebuilding = false;
+            let known = self.known.expect("rebuilding only with a known token");
             return self.rebuilt(known, token, pages);
         }
         if self.known == Some(token) {
@@ -197,17 +203,19 @@ impl WalView {
     }
 
     /// The first token of a wal-index rebuilt since `known`. Recovery builds it from the WAL
-    /// file when the first connection attaches, so no process was attached since the last one
-    /// of ours detached; what they did meanwhile shows only partly: iChange and nBackfill start
-    /// again at 0 (and no reader reads the database file for a page in the WAL until a
-    /// checkpoint moves nBackfill again). In the same WAL (the same salts, no frame lost) the
+    /// file when a connection attaches with no process attached; since our last look any
+    /// number of processes may have attached, committed, checkpointed and detached, and what
+    /// they did shows only partly: iChange and nBackfill start again at 0 (and no reader reads
+    /// the database file for a page in the WAL until a checkpoint moves nBackfill again). In
+    /// the same WAL (the same salts: a restart or a new WAL changes them; no frame lost) the
     /// frames not seen backfilled may have been: their pages are forgotten. Any other WAL may
-    /// have come after commits and checkpoints we never saw: the file is forgotten. An empty
-    /// WAL (salts 0: no header written) names no generation, so the caller also checks the
-    /// stamp (`stamp_must_vouch`), as for a first token.
+    /// have come after commits and checkpoints we never saw, and a LiteFS replica's changes
+    /// outside frames leave nothing: the file is forgotten. An empty WAL (salts 0: no header
+    /// written) names no generation, so the caller also checks the stamp (`stamp_must_vouch`),
+    /// as for a first token.
     fn rebuilt(&mut self, known: WalToken, token: WalToken, pages: FramePages<'_>) -> Forget {
         self.known = Some(token);
-        if known.salts != token.salts || token.max_frame < known.max_frame {
+        if self.replicated || known.salts != token.salts || token.max_frame < known.max_frame {
             self.frames = pages(0, token.max_frame, token.salts).and_then(keepable);
             return Forget::File;
         }
@@ -746,6 +754,16 @@ mod tests {
         view.writing = true;
         assert_eq!(wal.look(&mut view), Forget::File, "another WAL");
         view.writing = false;
+
+        // On a LiteFS replica: a transaction written into the file with no frames.
+        let mut replica = WalView {
+            replicated: true,
+            ..WalView::default()
+        };
+        wal.look(&mut replica);
+        replica.look(Some(super::NOT_BUILT), &|_, _, _| None);
+        wal.change = 0;
+        assert_eq!(wal.look(&mut replica), Forget::File, "a replica");
 
         // An empty WAL, no header written: salts 0, before and after.
         let (empty, mut view) = (WalIndex::empty(), WalView::default());
