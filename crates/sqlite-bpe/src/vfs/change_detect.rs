@@ -936,7 +936,7 @@ mod tests {
 
     /// A wal-index rebuilt while no connection of ours was attached, over an empty WAL (salts
     /// 0, as before): what happened meanwhile shows only in the stamp. Threads opening a
-    /// connection per lookup rebuild it at most first opens after a last close; an unchanged
+    /// connection per lookup rebuild it at many first opens after a last close; an unchanged
     /// stamp must not cost the file, a changed one must.
     #[test]
     fn a_rebuilt_wal_index_over_an_empty_wal_is_vouched_for_by_the_stamp() {
