@@ -330,7 +330,10 @@ pub struct OpenRequest<'a> {
     /// The file the caller means (the identity of its own descriptor), if it has one: the open
     /// fails rather than cache another file under its name.
     pub expect: Option<FileIdentity>,
-    pub page_size: usize,
+    /// The page size of a file new to the registry, asked only for one: a file already open,
+    /// or closed and retained, keeps its own (an SQLite adapter reads it from the header, a
+    /// system call an application opening a connection per request would make at each).
+    pub page_size: &'a dyn Fn() -> usize,
 }
 
 impl FileRegistry {
@@ -410,7 +413,6 @@ impl FileRegistry {
         config: &Config,
         new_key: &mut dyn FnMut() -> FileKey,
     ) -> Result<(FileHandle, OpenKind)> {
-        check_page_size(req.page_size)?;
         let open_err = |source| Error::OpenData {
             path: req.path.to_path_buf(),
             source,
@@ -457,17 +459,12 @@ impl FileRegistry {
                 },
             ));
         }
+        let page_size = (req.page_size)();
+        check_page_size(page_size)?;
         let data = self.descriptors(req, identity, config)?;
         let stamp = data.stamp()?;
         let known = Some(KnownStamp::taken_now(stamp));
-        let file = self.insert_new(
-            identity,
-            req.path,
-            req.page_size,
-            new_key(),
-            Some(data),
-            known,
-        );
+        let file = self.insert_new(identity, req.path, page_size, new_key(), Some(data), known);
         Ok((file, OpenKind::New))
     }
 
@@ -646,6 +643,57 @@ mod tests {
             );
             engine.close_file(&h);
         }
+    }
+
+    /// The page size is asked only for a file new to the registry (the SQLite adapter reads it
+    /// from the header, a system call): a second opener and a reopen keep the file's own.
+    #[test]
+    fn only_a_file_new_to_the_registry_asks_its_page_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.db");
+        std::fs::write(&path, vec![0u8; 4 * 8192]).unwrap();
+        let engine = Engine::new(Config::default());
+        let asked = std::cell::Cell::new(0);
+        let open = |size: usize| {
+            let page_size = || {
+                asked.set(asked.get() + 1);
+                size
+            };
+            let req = super::OpenRequest {
+                path: &path,
+                open_from: &path,
+                expect: None,
+                page_size: &page_size,
+            };
+            engine.open_file_with(&req).unwrap()
+        };
+        let (first, _) = open(8192);
+        assert_eq!((asked.get(), first.page_size()), (1, 8192), "a new file");
+        let (second, kind) = open(4096);
+        assert!(matches!(kind, super::OpenKind::Shared));
+        assert_eq!(
+            (asked.get(), second.page_size()),
+            (1, 8192),
+            "a second opener"
+        );
+        engine.close_file(&second);
+        engine.close_file(&first);
+        let (reopened, kind) = open(4096);
+        assert!(matches!(kind, super::OpenKind::Reopened { .. }));
+        assert_eq!((asked.get(), reopened.page_size()), (1, 8192), "a reopen");
+        engine.close_file(&reopened);
+        let other = dir.path().join("b.db");
+        std::fs::write(&other, vec![0u8; 4096]).unwrap();
+        let bad = super::OpenRequest {
+            path: &other,
+            open_from: &other,
+            expect: None,
+            page_size: &|| 1000,
+        };
+        assert!(
+            engine.open_file_with(&bad).is_err(),
+            "a new file's page size is still checked"
+        );
     }
 
     #[test]

@@ -301,7 +301,10 @@ impl Context {
     }
     /// The file of the calling connection's main database (None for in-memory and temporary
     /// databases).
-    pub fn main_db_filename(&self) -> Option<String> {
+    /// The calling connection's main database file, its name's bytes as they are (a file name
+    /// need not be UTF-8; the VFS keeps it so too). None for a temporary or in-memory one.
+    pub fn main_db_filename(&self) -> Option<std::path::PathBuf> {
+        use std::os::unix::ffi::OsStrExt;
         // SAFETY: ctx is live for this callback, so is its connection; SQLite owns the returned
         // string for as long as the database stays attached, and we copy it at once.
         unsafe {
@@ -310,8 +313,8 @@ impl Context {
             if p.is_null() {
                 return None;
             }
-            let name = CStr::from_ptr(p).to_string_lossy().into_owned();
-            (!name.is_empty()).then_some(name)
+            let name = CStr::from_ptr(p).to_bytes();
+            (!name.is_empty()).then(|| std::ffi::OsStr::from_bytes(name).into())
         }
     }
     pub fn error(&self, msg: &str) {

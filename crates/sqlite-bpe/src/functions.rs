@@ -36,9 +36,9 @@ pub fn register(db: *mut sqlite3) -> Result<(), String> {
 }
 
 /// The engine's id for the file at `path`, if it caches it.
-fn database_id_of(path: &str) -> Option<u32> {
+fn database_id_of(path: &Path) -> Option<u32> {
     let files = crate::process::engine().files();
-    let same = |p: &Path| p == Path::new(path);
+    let same = |p: &Path| p == path;
     files
         .iter()
         .find(|f| same(&f.path))
@@ -101,11 +101,7 @@ unsafe extern "C" fn file_name(
         let name = ctx
             .main_db_filename()
             .filter(|_| id == Some(1))
-            .and_then(|p| {
-                Path::new(&p)
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-            });
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
         ctx.text_or_null(name.as_deref());
     })
 }

@@ -105,3 +105,42 @@ fn a_header_read_of_a_fresh_or_foreign_file_works() {
     let ps: i64 = c.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
     assert_eq!(ps, 2048);
 }
+
+/// A file name is bytes, not necessarily UTF-8: the pool caches the file under its own name
+/// (a name made lossy would be another file's: the `-shm` beside it, LiteFS's position file
+/// and `BPE_CACHE_PATHS` are all found from it), and `DB_ID()` finds it.
+#[test]
+fn a_database_whose_name_is_not_utf8_is_cached_under_its_own_name() {
+    use std::os::unix::ffi::OsStrExt;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    sqlite_bpe::register().expect("register");
+    let dir = tempdir();
+    let path = dir
+        .path()
+        .canonicalize()
+        .unwrap()
+        .join(std::ffi::OsStr::from_bytes(b"caf\xe9.db"));
+    // By name, not by URI: a URI is text.
+    let open = || rusqlite::Connection::open_with_flags_and_vfs(&path, flags(), c"bpe").unwrap();
+    let c = open();
+    c.execute_batch(
+        "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200)
+           INSERT INTO t SELECT i, printf('%.300c', 'A') FROM n;",
+    )
+    .unwrap();
+    drop(c);
+    let c = open();
+    let rows: i64 = c
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 200);
+    let cached: Vec<_> = sqlite_bpe::engine()
+        .files()
+        .into_iter()
+        .map(|f| f.path)
+        .collect();
+    assert!(cached.contains(&path), "{path:?} is not among {cached:?}");
+    let id: Option<i64> = c.query_row("SELECT db_id()", [], |r| r.get(0)).unwrap();
+    assert!(id.is_some(), "DB_ID() did not find the database");
+}

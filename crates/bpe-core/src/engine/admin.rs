@@ -277,6 +277,12 @@ impl Engine {
             .is_none_or(|ext| ext.invalidate_where(None, 0))
     }
 
+    /// Whether an extension file is open: without one, no file can be it, and the look at a
+    /// file's identity (a system call) can be skipped.
+    pub fn has_extension_file(&self) -> bool {
+        self.extension.read().is_some()
+    }
+
     /// Whether `identity` is the extension file's: no file SQLite opens may ever be it.
     pub fn is_extension_file(&self, identity: FileIdentity) -> bool {
         self.extension

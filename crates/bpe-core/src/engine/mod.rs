@@ -122,11 +122,12 @@ impl Engine {
 
     /// Opens (or shares) a data file whose pages are `page_size` bytes, by name.
     pub fn open_file(&self, path: &Path, page_size: usize) -> Result<FileHandle> {
+        crate::config::check_page_size(page_size)?;
         self.open_file_with(&OpenRequest {
             path,
             open_from: path,
             expect: None,
-            page_size,
+            page_size: &|| page_size,
         })
         .map(|(f, _)| f)
     }

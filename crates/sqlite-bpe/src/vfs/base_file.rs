@@ -25,7 +25,8 @@ use crate::ffi::guard;
 use bpe_core::{Engine, FileHandle, FileIdentity, Via};
 use libsqlite3_sys::*;
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr, OsStr};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -144,14 +145,14 @@ pub unsafe fn open(
     }
     let cached = (cache && flags & SQLITE_OPEN_MAIN_DB != 0).then(|| {
         // SAFETY: name is a C string (checked non-null by base_for).
-        let path = unsafe { CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned();
+        let name = unsafe { CStr::from_ptr(name) };
+        // The name's bytes as they are: a file name need not be UTF-8.
+        let path = Path::new(OsStr::from_bytes(name.to_bytes()));
         Cached {
             engine: crate::process::engine(),
             generation: crate::process::generation(),
-            source: source_id(base_name, Path::new(&path)),
-            path: PathBuf::from(path),
+            source: source_id(base_name, path),
+            path: path.to_path_buf(),
             page_size: 4096,
             lock: SQLITE_LOCK_NONE,
             snapshot: None,

@@ -145,13 +145,13 @@ fn attach(
     let proc_fd = fd
         .filter(|_| proc_fd_mounted())
         .map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")));
-    let page_size = fd.and_then(header_page_size).unwrap_or(4096);
+    let page_size = || fd.and_then(header_page_size).unwrap_or(4096);
     let open_from = |from: &Path| {
         engine.open_file_with(&OpenRequest {
             path,
             open_from: from,
             expect: identity,
-            page_size,
+            page_size: &page_size,
         })
     };
     // Through procfs if it was there when first asked, by name if it is not now (a chroot);
@@ -702,7 +702,13 @@ unsafe extern "C" fn shm_map(
 }
 
 /// The unix VFS opens `<db>-shm` itself, past our xOpen: check it against the extension here.
+/// (It opens the name with O_NOFOLLOW, and an extension's path cannot end in "-shm": only a
+/// hard link made to the extension file could be it.) Without an extension file there is
+/// nothing to look for, and a connection's first read saves the `stat`.
 fn shm_is_the_extension(conn: &Conn) -> bool {
+    if !conn.engine.has_extension_file() {
+        return false;
+    }
     let mut shm = conn.path.clone().into_os_string();
     shm.push("-shm");
     match FileIdentity::of_path(Path::new(&shm)) {

@@ -64,7 +64,9 @@ use libsqlite3_sys::{
     sqlite3_file, sqlite3_vfs, SQLITE_CANTOPEN, SQLITE_IOERR, SQLITE_OK, SQLITE_OPEN_MAIN_DB,
 };
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_char, c_int, CStr, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// The VFS we wrap (SQLite's default at registration time).
@@ -146,28 +148,28 @@ unsafe fn open_inner(
     let unix = unix();
     // SAFETY: unix is the registered VFS we wrap; it implements xOpen.
     let unix_open = unsafe { (*unix).xOpen.expect("unix VFS has xOpen") };
+    // The name's bytes as they are (a file name need not be UTF-8), borrowed: no copy at an
+    // open, which an application opening a connection per request makes at every request.
     let path = if name.is_null() {
-        String::new()
+        Path::new("")
     } else {
-        // SAFETY: name is the full path SQLite passes.
-        unsafe { CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned()
+        // SAFETY: name is the full path SQLite passes, alive for this call.
+        Path::new(OsStr::from_bytes(
+            unsafe { CStr::from_ptr(name) }.to_bytes(),
+        ))
     };
     // A main database outside BPE_CACHE_PATHS is the unix VFS's file, in place.
-    let main_db = flags & SQLITE_OPEN_MAIN_DB != 0
-        && !name.is_null()
-        && scope::covers(std::path::Path::new(&path));
+    let main_db = flags & SQLITE_OPEN_MAIN_DB != 0 && !name.is_null() && scope::covers(path);
     // SAFETY: name is SQLite's, for this open.
     let base = unsafe { base_file::base_for(name, flags) };
     // SAFETY: unix is a registered VFS; its name is a C string.
-    let unix_name = unsafe { CStr::from_ptr((*unix).zName) }.to_string_lossy();
-    if let Some(base) = base.filter(|b| *b != unix_name) {
+    let unix_name = unsafe { CStr::from_ptr((*unix).zName) }.to_bytes();
+    if let Some(base) = base.filter(|b| b.as_bytes() != unix_name) {
         // SAFETY: forwarded from xOpen.
         return match unsafe { base_file::open(&base, name, f, flags, out_flags, main_db) } {
             Ok(()) => SQLITE_OK,
             Err((rc, why)) => {
-                refuse_open(format!("bpe: cannot open {path}: {why}"));
+                refuse_open(format!("bpe: cannot open {}: {why}", path.display()));
                 rc
             }
         };
@@ -197,7 +199,8 @@ unsafe fn open_inner(
     if let Some(id) = identity {
         if crate::process::existing().is_some_and(|e| e.is_extension_file(id)) {
             refuse_open(format!(
-                "bpe: cannot open {path}: it is the buffer pool extension's file"
+                "bpe: cannot open {}: it is the buffer pool extension's file",
+                path.display()
             ));
             // SAFETY: real was opened above and is closed exactly once here.
             unsafe { file::close_real(real) };
@@ -214,14 +217,14 @@ unsafe fn open_inner(
         // Not the main database: the unix VFS's file, in place, with its own methods.
         return SQLITE_OK;
     }
-    match file::Conn::open(std::path::Path::new(&path), fd, identity) {
+    match file::Conn::open(path, fd, identity) {
         Ok(conn) => {
             // SAFETY: f is ours to fill; file.rs's close frees conn.
             unsafe { file::install(f, conn) };
             SQLITE_OK
         }
         Err(e) => {
-            refuse_open(format!("bpe: cannot open {path}: {e}"));
+            refuse_open(format!("bpe: cannot open {}: {e}", path.display()));
             // SAFETY: real was opened above and is closed exactly once here.
             unsafe { file::close_real(real) };
             SQLITE_CANTOPEN

@@ -664,7 +664,7 @@ fn a_forget_while_a_file_is_being_bound_is_not_lost() {
                 path: &db,
                 open_from: &db,
                 expect: None,
-                page_size: 4096,
+                page_size: &|| 4096,
             },
             &Config::default(),
             &mut || 1,
