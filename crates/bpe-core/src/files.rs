@@ -669,6 +669,10 @@ mod tests {
         };
         let (first, _) = open(8192);
         assert_eq!((asked.get(), first.page_size()), (1, 8192), "a new file");
+        assert!(
+            engine.open_file(&path, 1000).is_err(),
+            "open_file refuses a bad size, even for a file open already"
+        );
         let (second, kind) = open(4096);
         assert!(matches!(kind, super::OpenKind::Shared));
         assert_eq!(

@@ -62,7 +62,9 @@ impl Scope {
         self.entries.is_empty()
             || self.entries.iter().any(|e| match e {
                 Entry::Under(dir) => path.starts_with(dir),
-                Entry::Matching(p) => p.matches_path_with(path, MATCH),
+                // A pattern is text (the variable is UTF-8); a name's other bytes are matched
+                // as U+FFFD, which `*` and `?` match (glob's own path match refuses them).
+                Entry::Matching(p) => p.matches_with(&path.to_string_lossy(), MATCH),
             })
     }
 }
@@ -113,6 +115,21 @@ mod tests {
             assert!(!s.covers(Path::new(no)), "{no}");
         }
         assert!(Scope::default().covers(Path::new("/anything.db")));
+    }
+
+    #[test]
+    fn a_name_that_is_not_utf8_is_matched_by_directories_and_globs_alike() {
+        use std::os::unix::ffi::OsStrExt;
+        let name = Path::new(std::ffi::OsStr::from_bytes(b"/var/db/caf\xe9.sqlite"));
+        for value in [
+            "/var/db",
+            "/var/db/*.sqlite",
+            "/var/db/caf?.sqlite",
+            "/var/**",
+        ] {
+            assert!(Scope::parse(value).unwrap().covers(name), "{value}");
+        }
+        assert!(!Scope::parse("/var/db/*.db").unwrap().covers(name));
     }
 
     #[test]
