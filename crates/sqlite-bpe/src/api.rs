@@ -299,8 +299,6 @@ impl Context {
         // SAFETY: ctx is live for this callback.
         unsafe { bpe_result_null(self.0) }
     }
-    /// The file of the calling connection's main database (None for in-memory and temporary
-    /// databases).
     /// The calling connection's main database file, its name's bytes as they are (a file name
     /// need not be UTF-8; the VFS keeps it so too). None for a temporary or in-memory one.
     pub fn main_db_filename(&self) -> Option<std::path::PathBuf> {
