@@ -1,0 +1,290 @@
+//! bpe over another VFS (`bpe_base=NAME`), the path Litestream's read-replica VFS takes, with a
+//! stand-in base VFS: the unix VFS plus `PRAGMA litestream_txid`, which names the snapshot a
+//! connection reads as the test sets it (Litestream's VFS names the replicated transaction it
+//! serves). The real Litestream VFS runs in `tests/replicated/litestream-vfs` (CI); this one runs
+//! in `cargo test` and says what each rule of `vfs/base_file.rs` is for:
+//! - a named snapshot is read through the cache, and only once;
+//! - a new name is a new snapshot: a row changed under it is never read from the old one;
+//! - no name, or a writing connection: reads go to the base VFS, as if bpe were not there;
+//! - a file name that is not UTF-8 is cached under its own name (a lossy one would be another
+//!   file's).
+
+mod common;
+use common::*;
+use libsqlite3_sys as ffi;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::OnceLock;
+
+/// The base VFS's name, as the URI gives it.
+const BASE: &CStr = c"txid";
+
+/// The snapshot the base VFS names for every connection; 0: it names none (the pragma is not
+/// found, as for a base VFS that does not know it).
+static TXID: AtomicU64 = AtomicU64::new(0);
+
+/// The unix VFS's methods of a main database file with `xFileControl` answering
+/// `litestream_txid`, made from the first one the stand-in opens.
+static METHODS: OnceLock<Methods> = OnceLock::new();
+
+struct Methods {
+    ours: ffi::sqlite3_io_methods,
+    unix_file_control: unsafe extern "C" fn(*mut ffi::sqlite3_file, c_int, *mut c_void) -> c_int,
+}
+
+/// The tests of this file share one process, its engine and `TXID`.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn unix_vfs() -> *mut ffi::sqlite3_vfs {
+    // SAFETY: the unix VFS is registered by SQLite's initialization and lives for the process.
+    let vfs = unsafe { ffi::sqlite3_vfs_find(c"unix".as_ptr()) };
+    assert!(!vfs.is_null(), "no unix VFS");
+    vfs
+}
+
+unsafe extern "C" fn base_open(
+    _vfs: *mut ffi::sqlite3_vfs,
+    name: *const c_char,
+    file: *mut ffi::sqlite3_file,
+    flags: c_int,
+    out_flags: *mut c_int,
+) -> c_int {
+    let unix = unix_vfs();
+    // SAFETY: file has the unix VFS's szOsFile bytes (ours is the same); the rest is SQLite's.
+    let rc = unsafe { ((*unix).xOpen.unwrap())(unix, name, file, flags, out_flags) };
+    // Only a main database answers the pragma (SQLite asks it there); the unix VFS gives its
+    // other files other methods (a journal's take no locks). Its methods live for the process.
+    let main_db = flags & ffi::SQLITE_OPEN_MAIN_DB != 0;
+    // SAFETY: an open unix file has its methods.
+    if rc == ffi::SQLITE_OK && main_db && unsafe { !(*file).pMethods.is_null() } {
+        let methods = METHODS.get_or_init(|| {
+            // SAFETY: as above.
+            let unix_methods = unsafe { *(*file).pMethods };
+            Methods {
+                ours: ffi::sqlite3_io_methods {
+                    xFileControl: Some(base_file_control),
+                    ..unix_methods
+                },
+                unix_file_control: unix_methods.xFileControl.unwrap(),
+            }
+        });
+        // SAFETY: the unix methods run on the unix file object, which this still is.
+        unsafe { (*file).pMethods = &methods.ours };
+    }
+    rc
+}
+
+unsafe extern "C" fn base_file_control(
+    file: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    if op == ffi::SQLITE_FCNTL_PRAGMA {
+        let args = arg as *mut *mut c_char;
+        // SAFETY: SQLite's pragma arguments: [result, name, value], the name a C string.
+        let name = unsafe { CStr::from_ptr(*args.add(1)) };
+        if name.to_bytes().eq_ignore_ascii_case(b"litestream_txid") {
+            let txid = TXID.load(SeqCst);
+            if txid == 0 {
+                return ffi::SQLITE_NOTFOUND;
+            }
+            let text = std::ffi::CString::new(format!("{txid:016x}")).unwrap();
+            // SAFETY: SQLite frees the result with sqlite3_free; mprintf allocates it so.
+            unsafe { *args = ffi::sqlite3_mprintf(c"%s".as_ptr(), text.as_ptr()) };
+            return ffi::SQLITE_OK;
+        }
+    }
+    let forward = METHODS.get().expect("opened").unix_file_control;
+    // SAFETY: file is an open unix file.
+    unsafe { forward(file, op, arg) }
+}
+
+/// Registers the stand-in base VFS once (SQLite keeps the struct for the process).
+fn register_base() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        sqlite_bpe::register().expect("register");
+        // SAFETY: a copy of the unix VFS's struct, leaked (SQLite holds it for the process).
+        let mut vfs = unsafe { *unix_vfs() };
+        vfs.zName = BASE.as_ptr();
+        vfs.xOpen = Some(base_open);
+        vfs.pNext = std::ptr::null_mut();
+        let vfs = Box::leak(Box::new(vfs));
+        // SAFETY: vfs lives for the process; not the default.
+        assert_eq!(unsafe { ffi::sqlite3_vfs_register(vfs, 0) }, ffi::SQLITE_OK);
+    });
+}
+
+/// `path` as an SQLite URI through bpe over the stand-in (a URI is text: other bytes escaped).
+fn uri(path: &Path) -> String {
+    let mut s = String::from("file:");
+    for &b in path.as_os_str().as_bytes() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'/' | b'.' | b'-' | b'_' => {
+                s.push(b as char)
+            }
+            _ => s.push_str(&format!("%{b:02X}")),
+        }
+    }
+    s + "?vfs=bpe&bpe_base=txid"
+}
+
+fn open_over_base(path: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open_with_flags(uri(path), flags()).unwrap()
+}
+
+/// A database of 200 rows of 300 bytes (about 20 pages) written by plain SQLite.
+fn make(path: &Path) {
+    let c = open_unix(path);
+    c.execute_batch(
+        "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200)
+           INSERT INTO t SELECT i, printf('%.300c', 'A') FROM n;",
+    )
+    .unwrap();
+}
+
+fn value(c: &rusqlite::Connection, id: i64) -> String {
+    c.query_row("SELECT substr(v, 1, 8) FROM t WHERE id = ?1", [id], |r| {
+        r.get(0)
+    })
+    .unwrap()
+}
+
+/// What the engine counted: (page lookups, page reads from the file).
+fn engine_reads() -> (u64, u64) {
+    let c = sqlite_bpe::engine().counters();
+    (c.page_lookups, c.page_reads)
+}
+
+#[test]
+fn a_named_snapshot_is_read_through_the_cache_and_a_new_name_never_sees_the_old_pages() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    register_base();
+    let dir = tempdir();
+    let path = dir.path().canonicalize().unwrap().join("named.db");
+    make(&path);
+    let writer = open_unix(&path);
+    TXID.store(1, SeqCst);
+    let long_lived = open_over_base(&path);
+    let scan = |c: &rusqlite::Connection| -> i64 {
+        c.query_row("SELECT sum(length(v)) FROM t", [], |r| r.get(0))
+            .unwrap()
+    };
+    let (lookups_0, _) = engine_reads();
+    assert_eq!(scan(&long_lived), 200 * 300);
+    let (lookups_1, reads_1) = engine_reads();
+    let pages = lookups_1 - lookups_0;
+    assert!(
+        pages >= 15,
+        "the first scan went around the cache ({pages} lookups)"
+    );
+    // A new connection (an empty page cache of SQLite's own) reads the same snapshot again:
+    // every page from L1.
+    assert_eq!(scan(&open_over_base(&path)), 200 * 300);
+    let (lookups_2, reads_2) = engine_reads();
+    assert!(
+        lookups_2 - lookups_1 >= pages,
+        "the second scan went around the cache ({} lookups)",
+        lookups_2 - lookups_1
+    );
+    assert_eq!(
+        reads_2, reads_1,
+        "the snapshot's pages were read again from the base VFS"
+    );
+
+    // The base VFS moves to a new transaction with each commit (Litestream applies one, then
+    // names it): every reader, old connection or new, sees each row as the last commit left it.
+    for round in 2..=21i64 {
+        let id = round * 7 % 200 + 1;
+        let v = format!("{:08}", round);
+        writer
+            .execute(
+                "UPDATE t SET v = ?1 || substr(v, 9) WHERE id = ?2",
+                (&v, id),
+            )
+            .unwrap();
+        TXID.store(round as u64, SeqCst);
+        assert_eq!(value(&long_lived, id), v, "round {round}: a stale row");
+        assert_eq!(value(&open_over_base(&path), id), v, "round {round}: new");
+    }
+}
+
+#[test]
+fn without_a_snapshot_name_or_after_a_write_reads_go_to_the_base_vfs() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    register_base();
+    let dir = tempdir();
+    let path = dir.path().canonicalize().unwrap().join("unnamed.db");
+    make(&path);
+    let writer = open_unix(&path);
+    TXID.store(0, SeqCst);
+    let reader = open_over_base(&path);
+    assert_eq!(value(&reader, 5), "AAAAAAAA");
+    let before = engine_reads();
+    // The file changes and no name says so: a cached page would be stale.
+    writer
+        .execute(
+            "UPDATE t SET v = 'unnamed!' || substr(v, 9) WHERE id = 5",
+            [],
+        )
+        .unwrap();
+    assert_eq!(value(&reader, 5), "unnamed!");
+    assert_eq!(
+        engine_reads(),
+        before,
+        "an unnamed snapshot went through the cache"
+    );
+
+    // A connection that writes through bpe reads around the cache from then on, though the
+    // base VFS names a snapshot: what it reads may differ from the snapshot of that name. Here
+    // the file changes again under the same name; a read through the cache would find the
+    // pages its first read transaction cached for that name.
+    TXID.store(1_000, SeqCst);
+    let own_writer = open_over_base(&path);
+    assert_eq!(value(&own_writer, 7), "AAAAAAAA");
+    own_writer
+        .execute(
+            "UPDATE t SET v = 'written!' || substr(v, 9) WHERE id = 6",
+            [],
+        )
+        .unwrap();
+    writer
+        .execute(
+            "UPDATE t SET v = 'foreign!' || substr(v, 9) WHERE id = 7",
+            [],
+        )
+        .unwrap();
+    let before = engine_reads();
+    assert_eq!(value(&own_writer, 7), "foreign!");
+    assert_eq!(value(&own_writer, 6), "written!");
+    assert_eq!(
+        engine_reads().0,
+        before.0,
+        "a writing connection read through the cache"
+    );
+}
+
+#[test]
+fn a_name_that_is_not_utf8_is_cached_under_its_own_name_over_a_base_vfs() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    register_base();
+    let dir = tempdir();
+    let path = dir
+        .path()
+        .canonicalize()
+        .unwrap()
+        .join(std::ffi::OsStr::from_bytes(b"caf\xe9.db"));
+    make(&path);
+    TXID.store(77, SeqCst);
+    let c = open_over_base(&path);
+    assert_eq!(value(&c, 1), "AAAAAAAA");
+    let cached: Vec<_> = sqlite_bpe::engine()
+        .files()
+        .into_iter()
+        .map(|f| f.path)
+        .collect();
+    assert!(cached.contains(&path), "{path:?} is not among {cached:?}");
+}
