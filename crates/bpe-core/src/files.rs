@@ -23,7 +23,7 @@
 use crate::config::{check_page_size, Config};
 use crate::error::{Error, Result};
 use crate::io::{DataFile, FileIdentity, FileStamp};
-use crate::page::{FileKey, PageCheck};
+use crate::page::{FileKey, PageCheck, PageKeyHash};
 use crate::readahead::SequentialDetector;
 use crate::sync::{Mutex, Rank, RwLock};
 use std::any::Any;
@@ -309,7 +309,7 @@ struct Entry {
 /// The registry, under `Engine::files`.
 #[derive(Default)]
 pub struct FileRegistry {
-    by_identity: HashMap<FileIdentity, Entry>,
+    by_identity: HashMap<FileIdentity, Entry, PageKeyHash>,
     /// Closed entries, oldest first (may hold identities reopened since: checked when popped).
     retained: VecDeque<FileIdentity>,
     next_id: u32,
