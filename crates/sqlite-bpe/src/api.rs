@@ -29,6 +29,7 @@ extern "C" {
         db: *mut sqlite3,
         name: *const c_char,
         nargs: c_int,
+        flags: c_int,
         app: *mut c_void,
         f: Option<ScalarFn>,
     ) -> c_int;
@@ -244,17 +245,20 @@ pub fn cstring(s: &str) -> CString {
     CString::new(&s[..end]).expect("no interior NUL")
 }
 
+/// A UTF-8 function; `flags` adds SQLite's function flags (`SQLITE_DIRECTONLY`...).
+///
 /// # Safety
 /// `db` must be an open connection; `app` must outlive it.
 pub unsafe fn create_function(
     db: *mut sqlite3,
     name: &CStr,
     nargs: c_int,
+    flags: c_int,
     app: *mut c_void,
     f: ScalarFn,
 ) -> c_int {
     // SAFETY: forwarded contract.
-    unsafe { bpe_create_function(db, name.as_ptr(), nargs, app, Some(f)) }
+    unsafe { bpe_create_function(db, name.as_ptr(), nargs, flags, app, Some(f)) }
 }
 
 /// # Safety

@@ -7,21 +7,26 @@
 //! has one file, `file_id` 1, named after the file.
 
 use crate::api::{self, Context, ScalarFn};
-use libsqlite3_sys::{sqlite3, sqlite3_context, sqlite3_value};
+use libsqlite3_sys::{sqlite3, sqlite3_context, sqlite3_value, SQLITE_DIRECTONLY};
 use std::ffi::{c_int, CStr};
 use std::path::Path;
 
-const FUNCTIONS: [(&CStr, c_int, ScalarFn); 4] = [
-    (c"bpe_exec", 1, bpe_exec),
-    (c"db_id", 0, db_id),
-    (c"db_name", 1, db_name),
-    (c"file_name", 1, file_name),
+/// Name, arguments, SQLite's function flags, the function. `bpe_exec` changes the server (the
+/// pool's size, the extension file's path), so only the application's own statements may call
+/// it: `SQLITE_DIRECTONLY` refuses it in a schema's views, triggers, CHECK constraints, defaults
+/// and generated columns, which a database file made elsewhere brings along ("unsafe use of
+/// bpe_exec()"). The others only read.
+const FUNCTIONS: [(&CStr, c_int, c_int, ScalarFn); 4] = [
+    (c"bpe_exec", 1, SQLITE_DIRECTONLY, bpe_exec),
+    (c"db_id", 0, 0, db_id),
+    (c"db_name", 1, 0, db_name),
+    (c"file_name", 1, 0, file_name),
 ];
 
 pub fn register(db: *mut sqlite3) -> Result<(), String> {
-    for (name, nargs, f) in FUNCTIONS {
+    for (name, nargs, flags, f) in FUNCTIONS {
         // SAFETY: db is the live connection SQLite handed to the entry point; no app data.
-        let rc = unsafe { api::create_function(db, name, nargs, std::ptr::null_mut(), f) };
+        let rc = unsafe { api::create_function(db, name, nargs, flags, std::ptr::null_mut(), f) };
         // SQLITE_BUSY: the function is there already and a statement is running: the
         // connection was equipped by the auto-extension, and this is `SELECT load_extension()`
         // on it (SQLite refuses to replace a function under a running statement). Keep it.

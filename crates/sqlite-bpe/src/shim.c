@@ -42,9 +42,9 @@ sqlite3_mutex *bpe_mutex_alloc(int id) { return sqlite3_mutex_alloc(id); }
 int bpe_mutex_try(sqlite3_mutex *m) { return sqlite3_mutex_try(m); }
 void bpe_mutex_leave(sqlite3_mutex *m) { sqlite3_mutex_leave(m); }
 
-int bpe_create_function(sqlite3 *db, const char *name, int nargs, void *app,
+int bpe_create_function(sqlite3 *db, const char *name, int nargs, int flags, void *app,
                         void (*fn)(sqlite3_context *, int, sqlite3_value **)) {
-  return sqlite3_create_function_v2(db, name, nargs, SQLITE_UTF8, app, fn, 0, 0, 0);
+  return sqlite3_create_function_v2(db, name, nargs, SQLITE_UTF8 | flags, app, fn, 0, 0, 0);
 }
 int bpe_create_module(sqlite3 *db, const char *name, const sqlite3_module *m, void *aux) {
   return sqlite3_create_module_v2(db, name, m, aux, 0);

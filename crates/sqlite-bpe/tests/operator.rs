@@ -66,6 +66,50 @@ fn statements_change_the_engine_and_bad_ones_are_sql_errors_that_change_nothing(
     assert!(!ext.exists());
 }
 
+/// `bpe_exec` changes the server, so a database's schema cannot call it: a file made elsewhere,
+/// opened and queried, must not size the pool or turn the extension on at a path of its choosing
+/// through a view or a trigger (`SQLITE_DIRECTONLY`). The application's own statements still can.
+#[test]
+fn a_database_schema_cannot_run_operator_statements() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let path = dir.path().join("untrusted.db");
+    let planted = dir.path().join("planted.bpe");
+    let on = extension_on(planted.display(), "64 MB").replace('\'', "''");
+    open_unix(&path)
+        .execute_batch(&format!(
+            "CREATE TABLE t(x);
+             CREATE VIEW v AS SELECT bpe_exec('EXEC sp_configure ''max server memory (MB)'', 3') AS r;
+             CREATE TRIGGER tr AFTER INSERT ON t BEGIN SELECT bpe_exec('{on}'); END;"
+        ))
+        .unwrap();
+    let c = open_bpe(&path);
+    exec(&c, "EXEC sp_configure 'max server memory (MB)', 64");
+    let before = config(&c);
+    let through_view = c
+        .query_row("SELECT r FROM v", [], |r| r.get::<_, String>(0))
+        .unwrap_err()
+        .to_string();
+    let through_trigger = c
+        .execute("INSERT INTO t VALUES (1)", [])
+        .unwrap_err()
+        .to_string();
+    for err in [through_view, through_trigger] {
+        assert!(err.contains("unsafe use of bpe_exec"), "{err}");
+    }
+    let mb: String = c
+        .query_row("PRAGMA bpe_max_server_memory_mb", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mb, "64", "the view changed max server memory");
+    assert_eq!(config(&c), before, "the trigger changed the extension");
+    assert!(!planted.exists(), "the trigger made {planted:?}");
+    exec(&c, "EXEC sp_configure 'max server memory (MB)', 65");
+    let mb: String = c
+        .query_row("PRAGMA bpe_max_server_memory_mb", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mb, "65", "the application's own statement did not run");
+}
+
 #[test]
 fn pragmas_mirror_the_statements() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
