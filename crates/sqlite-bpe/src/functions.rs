@@ -23,8 +23,32 @@ const FUNCTIONS: [(&CStr, c_int, c_int, ScalarFn); 4] = [
     (c"file_name", 1, 0, file_name),
 ];
 
+/// SQLite honours `SQLITE_DIRECTONLY` from 3.30.0; older versions drop the flag silently.
+const DIRECTONLY_SINCE: c_int = 3_030_000;
+
+/// Whether a function with `flags` is registered in a host running SQLite `version`: one that a
+/// schema must not call is left out where the host could not refuse it to one. (`bpe_exec`'s
+/// statements stay available there as `PRAGMA bpe_...`, which no schema can run.)
+fn registrable(flags: c_int, version: c_int) -> bool {
+    flags & SQLITE_DIRECTONLY == 0 || version >= DIRECTONLY_SINCE
+}
+
 pub fn register(db: *mut sqlite3) -> Result<(), String> {
+    let version = api::libversion_number();
     for (name, nargs, flags, f) in FUNCTIONS {
+        if !registrable(flags, version) {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                api::log(
+                    libsqlite3_sys::SQLITE_WARNING,
+                    &format!(
+                        "bpe: {name:?} is not registered: SQLite {version} cannot keep a \
+                         database's schema from calling it (3.30.0 can); use PRAGMA bpe_..."
+                    ),
+                )
+            });
+            continue;
+        }
         // SAFETY: db is the live connection SQLite handed to the entry point; no app data.
         let rc = unsafe { api::create_function(db, name, nargs, flags, std::ptr::null_mut(), f) };
         // SQLITE_BUSY: the function is there already and a statement is running: the
@@ -137,5 +161,22 @@ unsafe fn bpe_exec_inner(ctx: *mut sqlite3_context, argc: c_int, argv: *mut *mut
     match bpe_tsql::run(&crate::process::engine(), &text) {
         Ok(status) => ctx.text(&status),
         Err(e) => ctx.error(&e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_function_a_schema_must_not_call_is_left_out_where_sqlite_cannot_refuse_it() {
+        assert!(!registrable(SQLITE_DIRECTONLY, 3_029_000));
+        assert!(registrable(SQLITE_DIRECTONLY, 3_030_000));
+        assert!(registrable(0, 3_008_007));
+        let exec = FUNCTIONS
+            .iter()
+            .find(|f| f.0 == c"bpe_exec")
+            .expect("bpe_exec");
+        assert_eq!(exec.2 & SQLITE_DIRECTONLY, SQLITE_DIRECTONLY);
     }
 }
