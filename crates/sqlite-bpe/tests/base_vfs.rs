@@ -31,8 +31,16 @@ static METHODS: OnceLock<Methods> = OnceLock::new();
 
 struct Methods {
     ours: ffi::sqlite3_io_methods,
+    /// The unix VFS's methods for a main database (on Linux always the same table).
+    unix: usize,
     unix_file_control: unsafe extern "C" fn(*mut ffi::sqlite3_file, c_int, *mut c_void) -> c_int,
+    unix_lock: unsafe extern "C" fn(*mut ffi::sqlite3_file, c_int) -> c_int,
 }
+
+/// Runs once, in the next SHARED lock a main database takes through the stand-in, before the
+/// lock: a commit landing between bpe's two looks at the snapshot name.
+type Hook = Box<dyn FnOnce() + Send>;
+static BEFORE_SHARED_LOCK: std::sync::Mutex<Option<Hook>> = std::sync::Mutex::new(None);
 
 /// The tests of this file share one process, its engine and `TXID`.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -65,11 +73,21 @@ unsafe extern "C" fn base_open(
             Methods {
                 ours: ffi::sqlite3_io_methods {
                     xFileControl: Some(base_file_control),
+                    xLock: Some(base_lock),
                     ..unix_methods
                 },
+                // SAFETY: as above.
+                unix: unsafe { (*file).pMethods } as usize,
                 unix_file_control: unix_methods.xFileControl.unwrap(),
+                unix_lock: unix_methods.xLock.unwrap(),
             }
         });
+        // SAFETY: as above.
+        let unix_methods = unsafe { (*file).pMethods } as usize;
+        assert_eq!(
+            unix_methods, methods.unix,
+            "main databases with other methods"
+        );
         // SAFETY: the unix methods run on the unix file object, which this still is.
         unsafe { (*file).pMethods = &methods.ours };
     }
@@ -99,6 +117,18 @@ unsafe extern "C" fn base_file_control(
     let forward = METHODS.get().expect("opened").unix_file_control;
     // SAFETY: file is an open unix file.
     unsafe { forward(file, op, arg) }
+}
+
+unsafe extern "C" fn base_lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    if level == ffi::SQLITE_LOCK_SHARED {
+        let hook = BEFORE_SHARED_LOCK.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+    let forward = METHODS.get().expect("opened").unix_lock;
+    // SAFETY: file is an open unix file.
+    unsafe { forward(file, level) }
 }
 
 /// Registers the stand-in base VFS once (SQLite keeps the struct for the process).
@@ -265,6 +295,63 @@ fn without_a_snapshot_name_or_after_a_write_reads_go_to_the_base_vfs() {
         before.0,
         "a writing connection read through the cache"
     );
+}
+
+/// bpe asks the snapshot's name before the SHARED lock and again after it: a commit between the
+/// two (here, inside the lock call) moves the name, and the read transaction reads around the
+/// cache. Pinned to the name seen first, it would read that snapshot's cached pages: stale.
+#[test]
+fn a_commit_between_the_two_looks_at_the_name_is_not_read_from_the_old_snapshot() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    register_base();
+    let dir = tempdir();
+    let path = dir.path().canonicalize().unwrap().join("between.db");
+    make(&path);
+    TXID.store(40, SeqCst);
+    let reader = open_over_base(&path);
+    assert_eq!(value(&reader, 9), "AAAAAAAA"); // snapshot 40's pages, cached
+    let writer_path = path.clone();
+    *BEFORE_SHARED_LOCK.lock().unwrap() = Some(Box::new(move || {
+        open_unix(&writer_path)
+            .execute(
+                "UPDATE t SET v = 'between!' || substr(v, 9) WHERE id = 9",
+                [],
+            )
+            .unwrap();
+        TXID.store(41, SeqCst);
+    }));
+    let before = engine_reads();
+    assert_eq!(value(&reader, 9), "between!", "read from snapshot 40");
+    assert!(
+        BEFORE_SHARED_LOCK.lock().unwrap().is_none(),
+        "the hook did not run"
+    );
+    assert_eq!(
+        engine_reads().0,
+        before.0,
+        "a moved name was read through the cache"
+    );
+    assert_eq!(value(&reader, 9), "between!");
+}
+
+/// Snapshot names are per database (Litestream's TXIDs start at 1 for each): two files at the
+/// same name are two snapshots, each with its own pages.
+#[test]
+fn two_databases_at_the_same_snapshot_name_keep_their_own_pages() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    register_base();
+    let dir = tempdir();
+    let root = dir.path().canonicalize().unwrap();
+    let (a, b) = (root.join("a.db"), root.join("b.db"));
+    make(&a);
+    make(&b);
+    open_unix(&b)
+        .execute("UPDATE t SET v = 'only b!!' || substr(v, 9)", [])
+        .unwrap();
+    TXID.store(3, SeqCst);
+    assert_eq!(value(&open_over_base(&a), 11), "AAAAAAAA");
+    assert_eq!(value(&open_over_base(&b), 11), "only b!!");
+    assert_eq!(value(&open_over_base(&a), 11), "AAAAAAAA");
 }
 
 #[test]
