@@ -18,10 +18,19 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// Identity of a file on this machine: writes through any path reach the same inode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileIdentity {
     pub dev: u64,
     pub ino: u64,
+}
+
+/// One mixed word: the file registry's hasher (`PageKeyHash`) xors what it is given, and two
+/// identities whose fields xor alike (snapshots: small source and transaction numbers, such as
+/// (1, 2) and (2, 1)) would share a hash.
+impl std::hash::Hash for FileIdentity {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.dev.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ self.ino);
+    }
 }
 
 /// The high bit of `dev` marks a snapshot's identity: no device number sets it.
