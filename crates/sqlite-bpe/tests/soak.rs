@@ -291,10 +291,17 @@ fn readers_a_writer_and_an_operator_loop_keep_every_row_and_the_memory_bound() {
         first >> 10,
         second >> 10
     );
+    // Descriptors, the same way, with room for the ones open only for a moment, which a sample
+    // may catch in either half: an extension's three (its file twice, its shared memory) while
+    // a resize's new extension is open and the old one not yet retired, and the counters file
+    // the publisher writes once a second (two quiet runs sampled 22 with the extension off and
+    // 25 with it on, nothing else). A leak at each operator round (about a dozen a half) still
+    // shows.
     let fds_first = after_warmup[..half].iter().map(|s| s.2).max().unwrap();
     let fds_second = after_warmup[half..].iter().map(|s| s.2).max().unwrap();
+    const FDS_OPEN_FOR_A_MOMENT: usize = 4;
     assert!(
-        fds_second <= fds_first,
+        fds_second <= fds_first + FDS_OPEN_FOR_A_MOMENT,
         "file descriptors grew: {fds_first} -> {fds_second}"
     );
 }
