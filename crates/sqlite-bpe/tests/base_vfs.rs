@@ -359,19 +359,10 @@ fn a_name_that_is_not_utf8_is_cached_under_its_own_name_over_a_base_vfs() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     register_base();
     let dir = tempdir();
-    let path = dir
-        .path()
-        .canonicalize()
-        .unwrap()
-        .join(std::ffi::OsStr::from_bytes(b"caf\xe9.db"));
+    let path = not_utf8_name(dir.path());
     make(&path);
     TXID.store(77, SeqCst);
     let c = open_over_base(&path);
     assert_eq!(value(&c, 1), "AAAAAAAA");
-    let cached: Vec<_> = sqlite_bpe::engine()
-        .files()
-        .into_iter()
-        .map(|f| f.path)
-        .collect();
-    assert!(cached.contains(&path), "{path:?} is not among {cached:?}");
+    assert_cached_under(&path);
 }

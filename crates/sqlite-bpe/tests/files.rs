@@ -111,15 +111,10 @@ fn a_header_read_of_a_fresh_or_foreign_file_works() {
 /// and `BPE_CACHE_PATHS` are all found from it), and `DB_ID()` finds it.
 #[test]
 fn a_database_whose_name_is_not_utf8_is_cached_under_its_own_name() {
-    use std::os::unix::ffi::OsStrExt;
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     sqlite_bpe::register().expect("register");
     let dir = tempdir();
-    let path = dir
-        .path()
-        .canonicalize()
-        .unwrap()
-        .join(std::ffi::OsStr::from_bytes(b"caf\xe9.db"));
+    let path = not_utf8_name(dir.path());
     // By name, not by URI: a URI is text.
     let open = || rusqlite::Connection::open_with_flags_and_vfs(&path, flags(), c"bpe").unwrap();
     let c = open();
@@ -135,12 +130,7 @@ fn a_database_whose_name_is_not_utf8_is_cached_under_its_own_name() {
         .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
         .unwrap();
     assert_eq!(rows, 200);
-    let cached: Vec<_> = sqlite_bpe::engine()
-        .files()
-        .into_iter()
-        .map(|f| f.path)
-        .collect();
-    assert!(cached.contains(&path), "{path:?} is not among {cached:?}");
+    assert_cached_under(&path);
     let id: Option<i64> = c.query_row("SELECT db_id()", [], |r| r.get(0)).unwrap();
     assert!(id.is_some(), "DB_ID() did not find the database");
 }

@@ -25,6 +25,27 @@ pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir_in(base).unwrap()
 }
 
+/// `caf\xE9.db` in `dir`, canonical: a database name that is not UTF-8.
+pub fn not_utf8_name(dir: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    dir.canonicalize()
+        .unwrap()
+        .join(std::ffi::OsStr::from_bytes(b"caf\xe9.db"))
+}
+
+/// Asserts that the engine caches a file under exactly `path` (bytes, not a lossy copy).
+pub fn assert_cached_under(path: &Path) {
+    let cached: Vec<_> = sqlite_bpe::engine()
+        .files()
+        .into_iter()
+        .map(|f| f.path)
+        .collect();
+    assert!(
+        cached.iter().any(|p| p == path),
+        "{path:?} is not among {cached:?}"
+    );
+}
+
 pub fn exec(conn: &Connection, statement: &str) -> String {
     conn.query_row("SELECT bpe_exec(?1)", [statement], |r| r.get(0))
         .unwrap()
