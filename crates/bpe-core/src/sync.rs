@@ -9,36 +9,49 @@
 //!
 //! Every primitive the core blocks on is here (locks, [`Latch`], [`channel`], [`spawn`]), so that
 //! with the `shuttle` feature the whole engine runs under Shuttle's scheduler, which explores
-//! thread interleavings systematically (tests/shuttle.rs). Without it they are parking_lot's,
-//! crossbeam's and std's.
+//! thread interleavings systematically (tests/shuttle.rs). Without it they are std's (fork-safe,
+//! unlike parking_lot's: see `backend`) and crossbeam's channels.
 
 use std::ops::{Deref, DerefMut};
 
 #[cfg(not(feature = "shuttle"))]
 mod backend {
-    pub use parking_lot::{
+    //! The standard library's futex-based locks: unlike parking_lot's they keep no process-wide
+    //! state (parking_lot's table of parked threads is not fork-safe: a child forked while a
+    //! parent thread was parked could lose its own waiters' wake-ups). A poisoned lock is taken
+    //! as it is: a panic under a lock is an SQLite error already (`ffi::guard`).
+    pub use std::sync::{
         Mutex, MutexGuard, RwLock, RwLockReadGuard as ReadGuard, RwLockWriteGuard as WriteGuard,
     };
+    use std::sync::{PoisonError, TryLockError};
     pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-        m.lock()
+        m.lock().unwrap_or_else(PoisonError::into_inner)
     }
     pub fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-        m.try_lock()
+        match m.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
     }
     pub fn get_mut<T>(m: &mut Mutex<T>) -> &mut T {
-        m.get_mut()
+        m.get_mut().unwrap_or_else(PoisonError::into_inner)
     }
     pub fn read<T>(l: &RwLock<T>) -> ReadGuard<'_, T> {
-        l.read()
+        l.read().unwrap_or_else(PoisonError::into_inner)
     }
     pub fn write<T>(l: &RwLock<T>) -> WriteGuard<'_, T> {
-        l.write()
+        l.write().unwrap_or_else(PoisonError::into_inner)
     }
     pub fn try_read<T>(l: &RwLock<T>) -> Option<ReadGuard<'_, T>> {
-        l.try_read()
+        match l.try_read() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
     }
     pub fn rw_get_mut<T>(l: &mut RwLock<T>) -> &mut T {
-        l.get_mut()
+        l.get_mut().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -324,7 +337,7 @@ impl<T> DerefMut for WriteGuard<'_, T> {
 pub struct Latch {
     done: backend::Mutex<bool>,
     #[cfg(not(feature = "shuttle"))]
-    cv: parking_lot::Condvar,
+    cv: std::sync::Condvar,
     #[cfg(feature = "shuttle")]
     cv: shuttle::sync::Condvar,
 }
@@ -354,8 +367,15 @@ impl Latch {
         let mut done = backend::lock(&self.done);
         while !*done {
             #[cfg(not(feature = "shuttle"))]
-            if self.cv.wait_until(&mut done, deadline).timed_out() {
-                return *done;
+            {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return false;
+                }
+                done = match self.cv.wait_timeout(done, left) {
+                    Ok((g, _)) => g,
+                    Err(e) => e.into_inner().0,
+                };
             }
             #[cfg(feature = "shuttle")]
             {
@@ -370,7 +390,12 @@ impl Latch {
         let mut done = backend::lock(&self.done);
         while !*done {
             #[cfg(not(feature = "shuttle"))]
-            self.cv.wait(&mut done);
+            {
+                done = self
+                    .cv
+                    .wait(done)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
             #[cfg(feature = "shuttle")]
             {
                 done = self.cv.wait(done).expect("poisoned");

@@ -64,8 +64,8 @@ const LOGS_KEPT_CLOSED: usize = 4;
 
 /// The watches of the files closed most recently, oldest first (see [`LOGS_KEPT_CLOSED`]).
 /// Taken before a watch's state, never under it.
-static CLOSED_WITH_LOG: parking_lot::Mutex<VecDeque<Weak<FileWatch>>> =
-    parking_lot::Mutex::new(VecDeque::new());
+static CLOSED_WITH_LOG: std::sync::Mutex<VecDeque<Weak<FileWatch>>> =
+    std::sync::Mutex::new(VecDeque::new());
 
 /// What this process knows of one database file, shared by all its connections to it.
 pub struct FileWatch {
@@ -294,7 +294,7 @@ impl FileWatch {
             w.closed = true;
             w.log_pos = None;
         }
-        let mut kept = CLOSED_WITH_LOG.lock();
+        let mut kept = CLOSED_WITH_LOG.lock().unwrap_or_else(|e| e.into_inner());
         let me = Arc::downgrade(self);
         kept.retain(|k| k.strong_count() > 0 && !k.ptr_eq(&me));
         kept.push_back(me);

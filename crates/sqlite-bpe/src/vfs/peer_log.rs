@@ -57,7 +57,7 @@ struct Entry {
 }
 
 /// The logs this process has mapped (path, descriptor), for the exit handler.
-static OPEN: parking_lot::Mutex<Vec<(PathBuf, i32)>> = parking_lot::Mutex::new(Vec::new());
+static OPEN: std::sync::Mutex<Vec<(PathBuf, i32)>> = std::sync::Mutex::new(Vec::new());
 
 /// Once per process: removes this user's logs that killed processes left (`remove_unused`: a
 /// directory listing and a try-lock per log, at load), and at exit this process's own that no
@@ -74,7 +74,7 @@ pub fn tidy_dev_shm() {
 
 /// At exit: removes the logs of this process that no other process uses.
 extern "C" fn remove_unused_at_exit() {
-    let Some(open) = OPEN.try_lock() else {
+    let Ok(open) = OPEN.try_lock() else {
         return;
     };
     for (path, fd) in open.iter() {
@@ -292,7 +292,9 @@ impl PeerLog {
             && h.dev.load(Ordering::Relaxed) == identity.dev
             && h.ino.load(Ordering::Relaxed) == identity.ino;
         if valid {
-            OPEN.lock().push((log.path.clone(), log.file.as_raw_fd()));
+            OPEN.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((log.path.clone(), log.file.as_raw_fd()));
         }
         valid.then_some(log)
     }
@@ -419,7 +421,9 @@ impl PeerLog {
 impl Drop for PeerLog {
     fn drop(&mut self) {
         let fd = self.file.as_raw_fd();
-        OPEN.lock().retain(|(_, f)| *f != fd);
+        OPEN.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(_, f)| *f != fd);
         // SAFETY: unmaps exactly what open() mapped; nothing refers to it after this.
         unsafe { libc::munmap(self.map as *mut libc::c_void, SIZE) };
         // The last user removes it (no other process holds its shared lock).
