@@ -25,6 +25,7 @@ pub use slab::{Slab, Slot, SlotAddress};
 use crate::config::{physical_memory, L1_SLAB_SLACK, SLOT_EVICTIONS, WRITE_BEHIND_SHARE};
 use crate::page::{FileKey, PageKey, PageKeyHash};
 use crate::sync::{Mutex, Rank, RwLock};
+use crossbeam_utils::CachePadded;
 use replacer::{Replacer, Standing};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -96,7 +97,10 @@ pub struct Ticket {
 }
 
 pub struct BufferPool {
-    shards: Vec<RwLock<Shard>>,
+    /// Each shard on cache lines of its own: a hit's read lock writes the lock's word, and two
+    /// shards sharing a line would make threads hitting different shards take that line from
+    /// each other's core (false sharing), a shared lock in all but name.
+    shards: Vec<CachePadded<RwLock<Shard>>>,
     replacer: Mutex<Replacer>,
     /// Bytes charged by resident frames.
     used: AtomicU64,
@@ -118,7 +122,7 @@ impl BufferPool {
         BufferPool {
             slab: Slab::new(reserve, target_bytes + L1_SLAB_SLACK, large_pages),
             shards: (0..SHARDS)
-                .map(|_| RwLock::new(Rank::Shard, Shard::default()))
+                .map(|_| CachePadded::new(RwLock::new(Rank::Shard, Shard::default())))
                 .collect(),
             replacer: Mutex::new(Rank::Replacer, Replacer::default()),
             used: AtomicU64::new(0),
