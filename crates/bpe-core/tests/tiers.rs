@@ -732,6 +732,8 @@ fn reading_a_page_read_ahead_from_the_extension_fetches_the_next_window_in_the_b
     let before = engine.counters();
     assert_eq!(read(&engine, &f, 3).1, Tier::Memory);
     wait_until_in_memory(&engine, second_end);
+    // The window's last page is in; the job ends after it (as in the data-file test below).
+    assert!(engine.wait_for_readahead(WAIT));
     let after = engine.counters();
     assert_eq!(after.ext_page_reads - before.ext_page_reads, window - 1);
     // The scan goes on through both windows without a read of its own.
