@@ -74,8 +74,12 @@ pub fn tidy_dev_shm() {
 
 /// At exit: removes the logs of this process that no other process uses.
 extern "C" fn remove_unused_at_exit() {
-    let Ok(open) = OPEN.try_lock() else {
-        return;
+    // Held by another thread at exit: leave the logs (the next process's tidy removes them). A
+    // poisoned lock is taken as it is, as everywhere else: the list is still right.
+    let open = match OPEN.try_lock() {
+        Ok(open) => open,
+        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return,
     };
     for (path, fd) in open.iter() {
         // SAFETY: fd is open while listed; flock only tries the lock.
