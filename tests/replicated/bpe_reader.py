@@ -15,10 +15,16 @@ never does) and answers one JSON line per request on stdin:
         read. Answers {name: {"versions", "meta", "txid", "ids_ok", "delta", "ms", "t0"}}
         ("t0": time.monotonic() at the read's start, "txid" None where the pragma answers no
         row, e.g. a connection whose VFS does not pass SQLITE_FCNTL_PRAGMA on)
+  {"op": "hammer", "uri": ..., "seconds": S}
+        (the primary phase) reads the `acks` table for S seconds, in turn through the long-lived
+        connection and through a connection opened for the read (one in ten), and answers the
+        reads made, the errors met (message -> count) and the counter deltas
+  {"op": "ids", "uri": ...}      every id of the `acks` table, through a connection opened for it
   {"op": "counters"}             the counters now
   {"op": "quit"}
 
 Usage: python3 bpe_reader.py /path/to/libsqlite_bpe.so [--litestream-vfs /path/to/litestream-vfs.so]
+       python3 bpe_reader.py --plain        (a plain SQLite reader: bpe is not loaded, no counters)
 
 With --litestream-vfs the Litestream VFS (the litestream-vfs wheel's library) is loaded first,
 then bpe. It reads its replica from LITESTREAM_REPLICA_URL in the environment this process was
@@ -37,6 +43,7 @@ import time
 from common import COUNTERS, parse, wal_index
 
 LIB = sys.argv[1]
+PLAIN = LIB == "--plain"
 LITESTREAM_VFS = sys.argv[sys.argv.index("--litestream-vfs") + 1] if "--litestream-vfs" in sys.argv else None
 
 
@@ -68,7 +75,8 @@ boot.enable_load_extension(True)
 if LITESTREAM_VFS:
     boot.load_extension(LITESTREAM_VFS)  # entry point from the file name: sqlite3_litestreamvfs_init
     reset_auto_extensions()
-boot.load_extension(LIB)
+if not PLAIN:
+    boot.load_extension(LIB)
 boot.enable_load_extension(False)
 QUERY = "SELECT counter_name, cntr_value FROM bpe_performance_counters WHERE counter_name IN (%s)" % (
     ",".join("?" * len(COUNTERS))
@@ -76,6 +84,8 @@ QUERY = "SELECT counter_name, cntr_value FROM bpe_performance_counters WHERE cou
 
 
 def counters():
+    if PLAIN:
+        return {}
     return dict(boot.execute(QUERY, COUNTERS).fetchall())
 
 
@@ -128,6 +138,32 @@ def scan_meta(conn):
     }
 
 
+def hammer(uri, seconds):
+    """Reads `acks` for `seconds` (see the module's doc)."""
+    before = counters()
+    errors = {}
+    reads = 0
+    conn = connect(uri)
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            fresh = reads % 10 == 9
+            c = connect(uri) if fresh else conn
+            try:
+                c.execute("SELECT count(*), max(id) FROM acks").fetchone()
+                reads += 1
+            except sqlite3.Error as e:
+                key = f"{type(e).__name__}: {e}"
+                errors[key] = errors.get(key, 0) + 1
+            finally:
+                if fresh:
+                    c.close()
+    finally:
+        conn.close()
+    after = counters()
+    return {"reads": reads, "errors": errors, "delta": {k: after.get(k, 0) - before.get(k, 0) for k in COUNTERS}}
+
+
 long_lived = None
 named = {}  # name -> the long-lived connection of the "multi" reads
 for line in sys.stdin:
@@ -160,6 +196,14 @@ for line in sys.stdin:
                         out[r["name"]] = scan_meta(c)
                     finally:
                         c.close()
+        elif op == "ids":
+            c = connect(req["uri"])
+            try:
+                out = [r[0] for r in c.execute("SELECT id FROM acks ORDER BY id")]
+            finally:
+                c.close()
+        elif op == "hammer":
+            out = hammer(req["uri"], req["seconds"])
         elif op == "counters":
             out = counters()
         elif op == "quit":

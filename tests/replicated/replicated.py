@@ -14,6 +14,11 @@ protocol).
               the primary's mount, the readers on the replica's; one database in WAL mode, one
               in rollback (DELETE) mode; each write waits until the replica's `<db>-pos` (TXID)
               reached the primary's.
+              Then the acknowledged-commit oracle on the primary (primary_acks): a plain writer
+              commits beside plain readers, then beside bpe readers; every acknowledged row must
+              be on the primary and the replica, and bpe must cost the writer no errors.
+  bindfs      the same oracle on a bindfs mount whose `<db>-pos` moves after every commit and
+              that has no `.primary` (what a LiteFS primary looks like to bpe).
   litestream  Litestream `replicate` of a WAL database to a file:// replica, checkpointing
               beside the readers (the writer runs with wal_autocheckpoint=0, so every checkpoint
               is Litestream's); afterwards `litestream restore` to a new file, read through bpe.
@@ -65,6 +70,7 @@ from common import value, wal_index  # noqa: E402
 
 FAILURES = []
 RESULTS = {}
+PRIMARY = {}  # the acknowledged-commit oracle's results, per setup (primary_acks)
 CHILDREN = []  # processes this driver started: ended in cleanup()
 MOUNTS = []
 CONTROL = True  # --no-control: no plain reader beside the bpe readers
@@ -133,8 +139,14 @@ class Reader:
         CHILDREN.append(self.p)
 
     def ask(self, **req):
+        self.send(**req)
+        return self.receive()
+
+    def send(self, **req):
         self.p.stdin.write(json.dumps(req) + "\n")
         self.p.stdin.flush()
+
+    def receive(self):
         line = self.p.stdout.readline()
         while line and not line.startswith("{"):  # a library's own output on stdout
             log("bpe reader stdout:", line.rstrip())
@@ -571,11 +583,152 @@ def run_litefs(args, lib):
             writer.c.close()
             close_plain_long()
         log(json.dumps({k: v for k, v in RESULTS[name].items() if k != "trace"}, indent=1))
+    if args.primary_seconds:
+        for mode in ("wal", "delete"):
+            db = f"acks-{mode}.db"
+
+            def replica_check(want, db=db):
+                wait_until(lambda: os.path.exists(os.path.join(rmnt, db + "-pos")), "the replica's copy")
+                target = txid(pmnt, db)
+                wait_until(lambda: txid(rmnt, db) >= target, f"the replica to reach TXID {target}")
+                c = sqlite3.connect(f"file:{rmnt}/{db}?mode=ro", uri=True)
+                have = {r[0] for r in c.execute("SELECT id FROM acks")}
+                c.close()
+                if want - have:
+                    fail(f"litefs-{mode}-primary: the replica misses {len(want - have)} acknowledged commits")
+                return len(want - have)
+
+            PRIMARY[f"litefs-{mode}-primary"] = primary_acks(
+                f"litefs-{mode}-primary", args, lib, root, os.path.join(pmnt, db), mode,
+                replica_check=replica_check,
+            )
     stop(replica)
     stop(primary)
     for m in (pmnt, rmnt):
         if os.path.ismount(m):
             subprocess.run(["fusermount3", "-u", "-z", m], check=False)
+
+
+def primary_acks(name, args, lib, logdir, db_path, journal_mode, after_commit=None, replica_check=None):
+    """The acknowledged-commit oracle where SQLite's own writers commit (a LiteFS primary, or a
+    bindfs mount whose `<db>-pos` moves after each commit, as LiteFS moves it when the writer
+    unlocks). A plain writer inserts one row per transaction for --primary-seconds while two
+    readers read: first two plain SQLite readers, then two bpe readers. Every acknowledged row
+    must be in the file afterwards, for plain SQLite and for bpe (on the replica too, with
+    `replica_check`); the bpe readers must cost the writer no more errors than the plain ones
+    (SQLITE_BUSY, SQLITE_PROTOCOL: a cache that writes the wal-index makes them) and must not
+    forget the whole file at the writer's commits."""
+    w = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    w.execute("PRAGMA busy_timeout = 5000")
+    mode = w.execute(f"PRAGMA journal_mode = {journal_mode}").fetchone()[0]
+    assert mode == journal_mode, f"journal_mode {mode}, wanted {journal_mode}"
+    w.execute("CREATE TABLE IF NOT EXISTS acks(id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+    acked, next_id, out = [], 1, {}
+    for arm in ("plain", "bpe"):
+        readers = [
+            Reader(lib if arm == "bpe" else "--plain", os.path.join(logdir, f"{name}-{arm}-reader.log"))
+            for _ in range(2)
+        ]
+        uri = f"file:{db_path}" + ("?vfs=bpe" if arm == "bpe" else "")
+        try:
+            for r in readers:
+                r.send(op="hammer", uri=uri, seconds=args.primary_seconds)
+            errors, commits = {}, 0
+            end = time.monotonic() + args.primary_seconds
+            while time.monotonic() < end:
+                i, next_id = next_id, next_id + 1
+                try:
+                    w.execute("INSERT INTO acks VALUES (?, ?)", (i, value(i, 0)))
+                except sqlite3.Error as e:
+                    key = getattr(e, "sqlite_errorname", None) or str(e)
+                    errors[key] = errors.get(key, 0) + 1
+                    continue
+                acked.append(i)
+                commits += 1
+                if after_commit:
+                    after_commit()
+            replies = [r.receive() for r in readers]
+        finally:
+            for r in readers:
+                r.close()
+        reader_errors = {}
+        for rep in replies:
+            for k, n in rep["errors"].items():
+                reader_errors[k] = reader_errors.get(k, 0) + n
+        out[arm] = {
+            "commits": commits,
+            "writer_errors": errors,
+            "reads": sum(rep["reads"] for rep in replies),
+            "reader_errors": reader_errors,
+            "whole_file_forgets": sum(rep["delta"].get("File cache invalidations", 0) for rep in replies),
+        }
+        log(f"{name}: {arm} readers: {out[arm]}")
+    # The oracle: every acknowledged row, through plain SQLite and through bpe.
+    want = set(acked)
+    plain = sqlite3.connect(db_path)
+    have = {r[0] for r in plain.execute("SELECT id FROM acks")}
+    check = plain.execute("PRAGMA integrity_check").fetchone()[0]
+    plain.close()
+    out["lost"] = len(want - have)
+    if want - have:
+        fail(f"{name}: {len(want - have)} acknowledged commits are gone (first: {sorted(want - have)[:5]})")
+    if check != "ok":
+        fail(f"{name}: integrity_check says {check}")
+    probe = Reader(lib, os.path.join(logdir, f"{name}-probe.log"))
+    try:
+        seen = probe.ask(op="ids", uri=f"file:{db_path}?vfs=bpe")
+    finally:
+        probe.close()
+    if not want <= set(seen):
+        fail(f"{name}: a bpe reader misses {len(want - set(seen))} acknowledged rows")
+    try:
+        w.execute("INSERT INTO acks VALUES (?, ?)", (next_id, value(next_id, 0)))
+    except sqlite3.Error as e:
+        fail(f"{name}: the commit after the phase failed: {e}")
+    w.close()
+    if replica_check:
+        out["replica_lost"] = replica_check(want)
+    plain_err, bpe_err = (sum(out[a]["writer_errors"].values()) for a in ("plain", "bpe"))
+    if bpe_err > plain_err:
+        fail(f"{name}: beside bpe readers the writer met {bpe_err} errors, beside plain readers {plain_err}: "
+             f"{out['bpe']['writer_errors']}")
+    plain_rerr, bpe_rerr = (sum(out[a]["reader_errors"].values()) for a in ("plain", "bpe"))
+    if bpe_rerr > plain_rerr:
+        fail(f"{name}: bpe readers met {bpe_rerr} errors, plain readers {plain_rerr}: {out['bpe']['reader_errors']}")
+    # A WAL restart a reader did not see whole forgets the file (a handful a run); a cache that
+    # acts on the position where SQLite commits forgot it at nearly every commit.
+    if out["bpe"]["whole_file_forgets"] > max(10, out["bpe"]["commits"] // 10):
+        fail(f"{name}: the bpe readers forgot the whole file {out['bpe']['whole_file_forgets']} times "
+             f"for {out['bpe']['commits']} commits")
+    log(f"{name}: {len(acked)} acknowledged commits, {out['lost']} lost")
+    return out
+
+
+def run_bindfs(args, lib):
+    """A bindfs mount whose `<db>-pos` moves after each commit and that has no `.primary`: what a
+    LiteFS primary looks like to bpe, which any user can set up."""
+    root = os.path.join(args.work, "bindfs")
+    src, mnt = os.path.join(root, "src"), os.path.join(root, "mnt")
+    os.makedirs(src, exist_ok=True)
+    os.makedirs(mnt, exist_ok=True)
+    subprocess.run(["bindfs", src, mnt], check=True)
+    MOUNTS.append(mnt)
+    try:
+        for mode in ("wal", "delete"):
+            db = os.path.join(mnt, f"acks-{mode}.db")
+            txid = [1]
+
+            def move(db=db, txid=txid):
+                txid[0] += 1
+                with open(db + "-pos", "w") as f:
+                    f.write(f"{txid[0]:016x}/{txid[0] * 7919:016x}\n")
+
+            move()
+            PRIMARY[f"bindfs-{mode}-primary"] = primary_acks(
+                f"bindfs-{mode}-primary", args, lib, root, db, mode, after_commit=move
+            )
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", mnt], check=False)
 
 
 def lost_header(name, args, writer, reader, uri, replica_db, wait):
@@ -696,7 +849,7 @@ def run_litestream(args, lib):
 # The engines run when --engines is not given. True adds litestream-vfs to them (and so to run.sh's
 # and CI's default run): flip it once bpe over a named base VFS (bpe_base=litestream) has landed.
 LITESTREAM_VFS_IN_DEFAULT_ENGINES = False
-DEFAULT_ENGINES = "litefs,litestream" + (",litestream-vfs" if LITESTREAM_VFS_IN_DEFAULT_ENGINES else "")
+DEFAULT_ENGINES = "litefs,bindfs,litestream" + (",litestream-vfs" if LITESTREAM_VFS_IN_DEFAULT_ENGINES else "")
 # What the litestream-vfs engine's subject readers read through (--ls-vfs-bpe): "on" vfs=bpe over
 # the Litestream VFS (bpe_base=litestream), "off" plain vfs=litestream (the harness alone, checking
 # the engine), "auto" "on" when the library knows bpe_base (the string is in it), else "off".
@@ -1065,7 +1218,7 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--litefs", default="litefs")
     ap.add_argument("--litestream", default="litestream")
-    ap.add_argument("--engines", default=DEFAULT_ENGINES, help=f"of litefs, litestream, litestream-vfs (default {DEFAULT_ENGINES})")
+    ap.add_argument("--engines", default=DEFAULT_ENGINES, help=f"of litefs, bindfs, litestream, litestream-vfs (default {DEFAULT_ENGINES})")
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--baseline-rounds", type=int, default=20)
     ap.add_argument("--rows", type=int, default=5000)
@@ -1080,6 +1233,8 @@ def main():
     ap.add_argument("--race-write-gap", type=float, default=0.02, help="seconds between the race's writes")
     ap.add_argument("--ls-min-checkpoint-pages", type=int, default=16)
     ap.add_argument("--port", type=int, default=20202)
+    ap.add_argument("--primary-seconds", type=float, default=4.0,
+                    help="LiteFS primary and bindfs: seconds of commits per reader arm in the acknowledged-commit oracle (0: none)")
     ap.add_argument("--lost-header-rounds", type=int, default=10,
                     help="litefs (WAL): rounds whose replicated wal-index header is overwritten with the old one")
     ap.add_argument("--litestream-vfs", help="the Litestream VFS library (litestream-vfs.so; default: the litestream_vfs "
@@ -1117,7 +1272,8 @@ def main():
         for e in engines:
             t = time.monotonic()
             try:
-                {"litefs": run_litefs, "litestream": run_litestream, "litestream-vfs": run_litestream_vfs}[e](args, lib)
+                {"litefs": run_litefs, "litestream": run_litestream, "litestream-vfs": run_litestream_vfs,
+                 "bindfs": run_bindfs}[e](args, lib)
             except Exception as ex:
                 fail(f"{e}: {type(ex).__name__}: {ex}")
             log(f"-- {e}: {time.monotonic() - t:.1f} s")
@@ -1125,7 +1281,7 @@ def main():
         cleanup()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": RESULTS, "failures": FAILURES}, f, indent=1)
+            json.dump({"results": RESULTS, "primary": PRIMARY, "failures": FAILURES}, f, indent=1)
     log("\nSUMMARY")
     for name, r in RESULTS.items():
         c = r["checks"]
@@ -1151,6 +1307,16 @@ def main():
                     for who, x in o.items()
                 )
             )
+    for name, r in PRIMARY.items():
+        log(
+            f"{name}: {r['plain']['commits'] + r['bpe']['commits']} acknowledged commits, {r['lost']} lost"
+            + (f", {r['replica_lost']} missing on the replica" if "replica_lost" in r else "")
+            + "; " + "; ".join(
+                f"beside {a} readers: writer errors {r[a]['writer_errors'] or 0}, reader errors "
+                f"{r[a]['reader_errors'] or 0}, {r[a]['reads']} reads, whole-file forgets {r[a]['whole_file_forgets']}"
+                for a in ("plain", "bpe")
+            )
+        )
     if FAILURES:
         log(f"{len(FAILURES)} failures")
         sys.exit(1)

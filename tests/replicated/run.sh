@@ -47,6 +47,15 @@ for p in /usr/bin/python3 python3; do
 done
 [[ -n $PY ]] || { echo "no python3 whose sqlite3 can load extensions" >&2; exit 1; }
 
+NEED_BINDFS=1
+if [[ -n $ENGINES && ,$ENGINES, != *,bindfs,* ]]; then
+  NEED_BINDFS=0
+fi
+if [[ $NEED_BINDFS == 1 ]] && ! command -v bindfs >/dev/null; then
+  apt-get update -q
+  apt-get install -y -q bindfs fuse3
+fi
+
 LITEFS=litefs
 if [[ $NEED_LITEFS == 1 ]]; then
   # -- FUSE for LiteFS.

@@ -25,6 +25,8 @@ mod extension;
 mod files;
 mod io;
 pub mod page;
+/// Named points where a test can stop the process between a read of shared state and a write.
+pub mod pause;
 /// Public with the `testing` feature, for the replacement-policy study (tools/policy-study),
 /// which drives L1 on traces.
 #[cfg(feature = "testing")]

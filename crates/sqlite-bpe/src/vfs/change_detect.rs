@@ -47,6 +47,7 @@
 //! whose page cache is not coherent across clients (NFS), anything another machine writes.
 
 use super::peer_log::{Explained, PeerLog};
+use super::replica_pos::ReplicaPos;
 use super::wal_view::{Forget, FramePages, WalLocks, WalToken, WalView};
 use bpe_core::sync::{Mutex, Rank};
 use bpe_core::{monotonic_ns, FileStamp};
@@ -429,31 +430,35 @@ impl FileWatch {
     }
 
     /// A read transaction began on a LiteFS mount, under its read lock (see replica_pos.rs):
-    /// `pos` is the position file now, `header` what the transaction's look saw (rollback: bytes
-    /// 24..40; WAL: the wal-index header). A position that moved while the header did not is a
-    /// replicated transaction the header failed to show: the whole file is forgotten, as for any
-    /// change nothing names the pages of.
-    /// True when the header was lost so: in WAL mode the caller then writes it anew
-    /// (`bump_change`), or every long-lived connection's own page cache would stay stale too.
+    /// `pos` is the position file, `header` what the transaction's look saw (rollback: bytes
+    /// 24..40; WAL: the wal-index header). On a replica, a position that moved while the header
+    /// did not is a replicated transaction the header failed to show: the whole file is
+    /// forgotten, as for any change nothing names the pages of, and true is returned (in WAL
+    /// mode the caller then writes the header LiteFS lost: `Conn::rewrite_lost_header`). On the
+    /// primary the same sight is only a commit LiteFS has not yet moved the position for:
+    /// nothing is forgotten.
     pub fn replica_position(
         &self,
         engine: &Engine,
         file: &FileHandle,
-        pos: Option<Vec<u8>>,
+        pos: &ReplicaPos,
         header: &[u8],
     ) -> bool {
-        let Some(pos) = pos else {
+        let Some(now) = pos.read() else {
             return false;
         };
         let mut w = self.state.lock();
-        let lost = w
+        let moved_alone = w
             .replica
             .as_ref()
-            .is_some_and(|(last_pos, last_header)| *last_pos != pos && last_header == header);
+            .is_some_and(|(last_pos, last_header)| *last_pos != now && last_header == header);
+        // Forgotten under the state lock, before another connection can see the new pair
+        // recorded and read the file's old pages.
+        let lost = moved_alone && pos.is_replica();
         if lost {
             engine.invalidate_file(file);
         }
-        w.replica = Some((pos, header.to_vec()));
+        w.replica = Some((now, header.to_vec()));
         lost
     }
 

@@ -562,10 +562,11 @@ unsafe extern "C" fn lock(f: *mut sqlite3_file, level: c_int) -> c_int {
             conn.watch
                 .begin_read(&conn.engine, &conn.handle, header, stamp);
             if let Some(pos) = &conn.replica_pos {
-                // Rollback mode: LiteFS writes page 1, so the counter SQLite reads moves too.
+                // Rollback mode: LiteFS writes page 1, so the counter SQLite reads moves too;
+                // a lost one is only forgotten (SQLite's readers see page 1 itself change).
                 let seen = header.map_or(Vec::new(), |h| h.to_vec());
                 conn.watch
-                    .replica_position(&conn.engine, &conn.handle, pos.read(), &seen);
+                    .replica_position(&conn.engine, &conn.handle, pos, &seen);
             }
             conn.header = header;
         }
@@ -803,16 +804,13 @@ unsafe extern "C" fn shm_lock(
                     conn.size_at_lock = conn.size_of(taken.get().as_ref());
                 }
                 if let Some(pos) = &conn.replica_pos {
-                    // SAFETY: as above; the header's first copy is region 0's first 48 bytes.
-                    let seen = unsafe { std::slice::from_raw_parts(shm0, 48) }.to_vec();
-                    let lost =
-                        conn.watch
-                            .replica_position(&conn.engine, &conn.handle, pos.read(), &seen);
-                    if lost {
-                        // SAFETY: as above. SQLite compares the header with the one it read
-                        // before this lock, finds it changed and begins again, dropping its
-                        // page cache.
-                        unsafe { wal_view::bump_change(shm0) };
+                    // SAFETY: as above.
+                    let seen = unsafe { wal_view::header_copy(shm0) };
+                    if conn
+                        .watch
+                        .replica_position(&conn.engine, &conn.handle, pos, &seen)
+                    {
+                        conn.rewrite_lost_header(real, &seen);
                     }
                 }
                 conn.token_at_lock = token_at_lock.get();
@@ -824,6 +822,37 @@ unsafe extern "C" fn shm_lock(
 }
 
 impl Conn {
+    /// On a LiteFS replica whose wal-index header was lost (`FileWatch::replica_position`):
+    /// writes it as LiteFS would have, with iChange + 1, so that every connection's SQLite sees
+    /// a change and drops its own page cache, and none keeps serving pages the transaction
+    /// replaced. This is the only write bpe makes to state SQLite owns, and it is made as
+    /// SQLite's own writer makes its header write: under the WAL write lock (asked without
+    /// waiting: whoever holds it, LiteFS applying a transaction, writes a header of its own),
+    /// and only if the header is still the one `seen` before the lock (`bump_change` checks).
+    /// Anything else, and nothing is written.
+    fn rewrite_lost_header(&mut self, real: *mut sqlite3_file, seen: &[u8; 48]) {
+        bpe_core::pause::point(bpe_core::pause::LOST_HEADER_SEEN);
+        let exclusive = SQLITE_SHM_LOCK | SQLITE_SHM_EXCLUSIVE;
+        if unix!(real, xShmLock, WAL_WRITE_LOCK, 1, exclusive) != SQLITE_OK {
+            return;
+        }
+        bpe_core::pause::point(bpe_core::pause::LOST_HEADER_LOCKED);
+        // SAFETY: shm0 is region 0 as mapped by the unix VFS, mapped while the connection holds
+        // its read mark; we hold the WAL write lock, so no SQLite writer writes the header.
+        let written = unsafe { wal_view::bump_change(self.shm0, seen) };
+        let unlock = SQLITE_SHM_UNLOCK | SQLITE_SHM_EXCLUSIVE;
+        unix!(real, xShmLock, WAL_WRITE_LOCK, 1, unlock);
+        if written {
+            api::log(
+                SQLITE_NOTICE,
+                &format!(
+                    "bpe: {}: LiteFS's wal-index header was lost; rewritten with the next change counter",
+                    self.path.display()
+                ),
+            );
+        }
+    }
+
     /// The size SQLite's next `xFileSize` is answered with, from the stamp just taken as a read
     /// transaction began (in WAL mode, where `begin_read_wal` took one). Stock SQLite makes a stat call there (`pagerPagecount`: in rollback
     /// mode at each read transaction, in WAL mode only when the wal-index knows no page count,

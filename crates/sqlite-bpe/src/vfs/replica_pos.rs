@@ -1,6 +1,6 @@
 //! LiteFS's position file: beside each database on a LiteFS mount, `<db>-pos` reads as the
-//! replicated transaction the node has applied (`TXID/checksum`). LiteFS sets it before it
-//! rewrites the wal-index header of a replica, both while it holds every lock of the database
+//! replicated transaction the node has applied (`TXID/checksum`). On a replica, LiteFS sets it
+//! before it rewrites the wal-index header, both while it holds every lock of the database
 //! (WAL: the write, checkpoint, recover and all read-mark locks; rollback: EXCLUSIVE), so a
 //! reader that holds its read lock sees a position that covers every page in the file.
 //!
@@ -8,12 +8,17 @@
 //! lost (its own comment on `updateSHM` names a write through the `-shm` mmap that overwrites
 //! it), and a reader that then sees an unchanged header would serve the pages it cached before
 //! the transaction. A position that moved while the header did not forgets the whole file
-//! (`FileWatch::replica_position`). On the primary, local commits move both.
-
+//! (`FileWatch::replica_position`).
+//!
+//! Only on a replica. On the primary, SQLite's own writers commit and LiteFS moves the position
+//! afterwards, when the writer unlocks: a reader that looks between the two sees a moved
+//! position and an unchanged header with nothing lost, and SQLite's own protocol already shows
+//! every commit there. LiteFS tells the two apart with `.primary` in the mount's directory: it
+//! exists only on a replica (naming its primary). Without it, the position means nothing to bpe.
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// statfs's f_type of a FUSE mount.
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
@@ -21,6 +26,8 @@ const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 /// The position file of one database, open for the connection's life.
 pub struct ReplicaPos {
     file: std::fs::File,
+    /// `<mount>/.primary`: present on a replica only.
+    primary_marker: PathBuf,
 }
 
 impl ReplicaPos {
@@ -36,7 +43,11 @@ impl ReplicaPos {
         let mut name = db.as_os_str().to_owned();
         name.push("-pos");
         let file = std::fs::File::open(name).ok()?;
-        Some(ReplicaPos { file })
+        let primary_marker = db.parent().unwrap_or(Path::new("/")).join(".primary");
+        Some(ReplicaPos {
+            file,
+            primary_marker,
+        })
     }
 
     /// The position now (LiteFS drops the kernel's cached copy whenever it changes). None if
@@ -45,6 +56,13 @@ impl ReplicaPos {
         let mut buf = [0u8; 128];
         let n = self.file.read_at(&mut buf, 0).ok()?;
         (n > 0).then(|| buf[..n].to_vec())
+    }
+
+    /// Whether the node is a replica now (LiteFS's `.primary` exists): asked only when the
+    /// position says something, since a node can change roles. One `stat`; a node whose
+    /// marker cannot be looked at is taken for the primary, where SQLite's protocol holds.
+    pub fn is_replica(&self) -> bool {
+        std::fs::symlink_metadata(&self.primary_marker).is_ok()
     }
 }
 

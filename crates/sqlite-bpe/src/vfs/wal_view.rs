@@ -3,7 +3,7 @@
 //! frames seen, and what another writer's commit, checkpoint or restart put in the database
 //! file that our cache may hold older (`WalView::account`). The edges to the shared mapping
 //! are here too: reading the token (`wal_token`), the frames' pages (`wal_frame_pages`), and
-//! writing the header for LiteFS's lost one (`bump_change`). `change_detect.rs` decides when
+//! writing the header for a LiteFS replica's lost one (`bump_change`, under the WAL write lock). `change_detect.rs` decides when
 //! to look and forgets what a look found.
 
 use super::unix_file::unix;
@@ -351,23 +351,41 @@ fn header_checksum(header: &[u32; 12]) -> [u32; 2] {
     [s1, s2]
 }
 
-/// Writes the wal-index header anew with iChange + 1 and its checksum, the second copy first as
-/// wal.c's writers do, so that every connection's SQLite sees a change at its next read
-/// transaction and drops its own page cache. Only for LiteFS's lost header (see
-/// `FileWatch::replica_position`): this is the write LiteFS made and lost. A reader that looks
-/// between the two copies finds them unequal and retries, as with any writer's header. False
-/// (nothing written) if the copies disagree or the checksum is not in this machine's byte order.
+/// The wal-index header's first copy (region 0's first 48 bytes), as it is now.
 ///
 /// # Safety
-/// As `wal_token`; the caller holds a read mark, so LiteFS cannot apply a transaction meanwhile.
-pub unsafe fn bump_change(region0: *const u8) -> bool {
+/// As `wal_token`.
+pub unsafe fn header_copy(region0: *const u8) -> [u8; 48] {
+    // SAFETY: as in wal_token: the words are within region 0, 4-byte aligned, mapping live.
+    let cell = |off: usize| unsafe { &*(region0.add(off) as *const AtomicU32) };
+    let mut out = [0u8; 48];
+    for (i, chunk) in out.chunks_exact_mut(4).enumerate() {
+        chunk.copy_from_slice(&cell(i * 4).load(Ordering::Acquire).to_ne_bytes());
+    }
+    out
+}
+
+/// Writes the wal-index header anew with iChange + 1 and its checksum, the second copy first as
+/// wal.c's writers do, so that every connection's SQLite sees a change at its next read
+/// transaction and drops its own page cache. Only for LiteFS's lost header on a replica (see
+/// `Conn::rewrite_lost_header`): this is the write LiteFS made and lost. A reader that looks
+/// between the two copies finds them unequal and retries, as with any writer's header. False
+/// (nothing written) if the header is no longer `expected` (someone wrote it since it was
+/// read), the copies disagree, or the checksum is not in this machine's byte order.
+///
+/// # Safety
+/// As `wal_token`; the caller holds the WAL write lock, as SQLite's writers do for this write.
+pub unsafe fn bump_change(region0: *const u8, expected: &[u8; 48]) -> bool {
     // SAFETY: as in wal_token.
     let cell = |off: usize| unsafe { &*(region0.add(off) as *const AtomicU32) };
     let copy = |n: usize| {
         std::array::from_fn::<u32, 12, _>(|i| cell(n * 48 + i * 4).load(Ordering::Acquire))
     };
     let first = copy(0);
-    if copy(1) != first {
+    let expected: [u32; 12] = std::array::from_fn(|i| {
+        u32::from_ne_bytes(expected[i * 4..i * 4 + 4].try_into().expect("4 bytes"))
+    });
+    if first != expected || copy(1) != first {
         return false;
     }
     // Byte 13 is bigEndCksum: the checksum is native when it says this machine's order.
@@ -470,8 +488,20 @@ mod tests {
         };
         let written: [u32; 12] = region[..12].try_into().unwrap();
         assert_eq!(super::header_checksum(&written), [written[10], written[11]]);
+        let region0 = region.as_mut_ptr() as *const u8;
         // SAFETY: region is 136 bytes of u32 (aligned), written only through this pointer.
-        assert!(unsafe { super::bump_change(region.as_mut_ptr() as *const u8) });
+        let seen = unsafe { super::header_copy(region0) };
+        let mut other = seen;
+        other[8] ^= 1;
+        // SAFETY: as above.
+        let stale = unsafe { super::bump_change(region0, &other) };
+        assert!(
+            !stale,
+            "a header that is no longer the one read is left as it is"
+        );
+        assert_eq!(region[..12], written[..]);
+        // SAFETY: as above.
+        assert!(unsafe { super::bump_change(region0, &seen) });
         let bytes: Vec<u8> = region.iter().flat_map(|w| w.to_ne_bytes()).collect();
         let (first, second) = (words(&bytes[..48]), words(&bytes[48..96]));
         assert_eq!(first, second);
