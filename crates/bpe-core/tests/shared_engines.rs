@@ -602,7 +602,10 @@ fn a_participant_stopped_holding_the_lock_stalls_no_attach_off_or_exit() {
     }
     assert!(a.wait_for_extension_writes(WAIT));
 
-    let mut exiting = child("exit", &ext, &data);
+    // Its own data file: pages A has not put in the ring, which its writer writes itself.
+    let own = make_file(dir.path(), "own", 64, PAGE);
+    settle();
+    let mut exiting = child("exit", &ext, &own);
     let mut said = std::io::BufReader::new(exiting.stdout.take().unwrap()).lines();
     let attached = within("the exiting child's attach", &[exiting.id()], || {
         said.find(|l| l.as_ref().is_ok_and(|l| l.ends_with("ATTACHED")))
