@@ -41,6 +41,16 @@ pub enum Error {
     #[error("buffer pool extension at {path:?} cannot be shared: {reason}")]
     SharedMemoryUnavailable { path: PathBuf, reason: String },
 
+    /// Another process holds the shared extension's lock and does not let go (stopped by
+    /// SIGSTOP, a debugger, a paused container): attaching is refused rather than waiting for
+    /// it, and a private extension cannot take the file the others share.
+    #[error(
+        "buffer pool extension at {path:?} cannot be shared now: another process has held its \
+         shared index's lock for over {waited_ms} ms (stopped by SIGSTOP or a debugger?); enable \
+         it again once that process runs again or has exited"
+    )]
+    SharedLockHeld { path: PathBuf, waited_ms: u64 },
+
     /// The path is right, but what is there now cannot be used by this process: the code acts
     /// on `why` (a file that another process may be creating is tried again), never on words.
     #[error("buffer pool extension path {path:?} is invalid: {why}")]

@@ -7,6 +7,7 @@
 mod common;
 use bpe_core::{Config, Engine, ExtensionState, Sharing, Tier};
 use common::*;
+use std::path::Path;
 use std::sync::Arc;
 
 const EXT: u64 = 16 << 20;
@@ -441,4 +442,240 @@ fn pages_one_engine_keeps_reading_outlive_a_ring_the_other_turns() {
         lost <= 100,
         "hot pages read from the data file again, by round: {hot_from_file:?}"
     );
+}
+
+/// What a child of the stopped-holder test is: `hold` (attaches, then stops holding the lock)
+/// or `exit` (attaches, then closes as a process's exit does when told to on stdin).
+const CHILD: &str = "BPE_TEST_SHARED_CHILD";
+/// The extension file the children share.
+const CHILD_EXT: &str = "BPE_TEST_SHARED_EXT";
+/// The data file they read.
+const CHILD_DATA: &str = "BPE_TEST_SHARED_DATA";
+/// How long anything here may take before it counts as a hang (never a verdict on speed).
+const HANG: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Warnings and errors the core logged in this process (the writer that did not stop, a
+/// detach that found uses outstanding), each also printed as `LOG <level> <message>` so that
+/// a child's reach its parent.
+static LOGGED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+struct Recorder;
+
+impl log::Log for Recorder {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::Level::Warn
+    }
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            let line = format!("LOG {} {}", r.level(), r.args());
+            println!("{line}");
+            LOGGED.lock().unwrap().push(line);
+        }
+    }
+    fn flush(&self) {}
+}
+
+fn record_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        log::set_logger(&Recorder).unwrap();
+        log::set_max_level(log::LevelFilter::Warn);
+    });
+}
+
+/// What the writer's stop logs when the writer does not stop (it was waiting for the lock).
+const WRITER_STUCK: &str = "writer did not stop";
+
+/// Not a test: the body of the child processes of
+/// `a_participant_stopped_holding_the_lock_stalls_no_attach_off_or_exit` (does nothing unless
+/// its variable is set).
+#[test]
+#[ignore = "run as a child process by the stopped-holder test"]
+fn child_entry() {
+    use std::io::BufRead;
+    let Ok(mode) = std::env::var(CHILD) else {
+        return;
+    };
+    record_logs();
+    let ext = std::path::PathBuf::from(std::env::var(CHILD_EXT).unwrap());
+    let e = shared_engine();
+    e.enable_extension(&ext, EXT).unwrap();
+    assert_eq!(e.extension_sharing(), Some(Sharing::Shared));
+    match mode.as_str() {
+        "hold" => {
+            // Continued (SIGCONT): it has let go; it ends when the parent closes stdin.
+            assert!(e.stop_holding_the_extension_lock());
+            let _ = std::io::stdin().lines().count();
+        }
+        "exit" => {
+            // Pages of its own in the ring: its writer holds a region when the exit comes.
+            let data = std::path::PathBuf::from(std::env::var(CHILD_DATA).unwrap());
+            let f = e.open_file(&data, PAGE).unwrap();
+            for p in (0..64).rev() {
+                assert_eq!(decode(&read(&e, &f, p).0), Some((p, 0)));
+            }
+            assert!(e.wait_for_extension_writes(WAIT));
+            println!("ATTACHED");
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line).unwrap();
+            // What the adapter's exit handler does; then the process ends without unwinding.
+            e.close_extension_at_exit();
+            println!("CLOSED");
+            std::process::exit(0);
+        }
+        other => panic!("unknown child mode {other}"),
+    }
+}
+
+fn child(mode: &str, ext: &Path, data: &Path) -> std::process::Child {
+    use std::process::{Command, Stdio};
+    Command::new(std::env::current_exe().unwrap())
+        .args(["child_entry", "--exact", "--ignored", "--nocapture"])
+        .args(["--test-threads=1"])
+        .env(CHILD, mode)
+        .env(CHILD_EXT, ext)
+        .env(CHILD_DATA, data)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+/// Kills the children it names when dropped, so that a failing test leaves no process stopped
+/// holding the lock (a stopped process ignores everything but SIGKILL and SIGCONT).
+struct Reaper(Vec<u32>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // SAFETY: kills a child process of this test (a no-op error if it has ended).
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Runs `f` on a thread; past [`HANG`] the processes `kill` are killed (a stopped holder's lock
+/// is recovered, so the thread ends) and the test fails naming `what` as having hung.
+/// How long it took is printed (for the docs' figures), never judged.
+fn within<T: Send>(what: &str, kill: &[u32], f: impl FnOnce() -> T + Send) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let started = std::time::Instant::now();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let _ = tx.send(f());
+        });
+        match rx.recv_timeout(HANG) {
+            Ok(done) => {
+                println!("{what}: {:?}", started.elapsed());
+                done
+            }
+            Err(_) => {
+                for &pid in kill {
+                    // SAFETY: kills a child process of this test.
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                }
+                panic!("{what} waited for the participant stopped holding the lock");
+            }
+        }
+    })
+}
+
+/// A participant stopped (SIGSTOP, a debugger) while it holds the shared index's lock: a new
+/// process's attach is refused, naming the cause, instead of waiting for the whole stop; OFF
+/// detaches without waiting for it, leaving the file to the others; a process's exit closes
+/// without waiting for it. Once the holder runs again, attaching works and every page read is
+/// right. Before, the three waited as long as the stop lasted (the exit 10 s, for its writer).
+#[test]
+fn a_participant_stopped_holding_the_lock_stalls_no_attach_off_or_exit() {
+    use std::io::{BufRead, Write};
+    record_logs();
+    let dir = tempdir();
+    let data = make_file(dir.path(), "data", 64, PAGE);
+    settle();
+    let ext = dir.path().join("ext.bpe");
+    let a = shared_engine();
+    a.enable_extension(&ext, EXT).unwrap();
+    let fa = a.open_file(&data, PAGE).unwrap();
+    for p in 0..64 {
+        assert_eq!(decode(&read(&a, &fa, p).0), Some((p, 0)));
+    }
+    assert!(a.wait_for_extension_writes(WAIT));
+
+    // Its own data file: pages A has not put in the ring, which its writer writes itself.
+    let own = make_file(dir.path(), "own", 64, PAGE);
+    settle();
+    let mut exiting = child("exit", &ext, &own);
+    let mut said = std::io::BufReader::new(exiting.stdout.take().unwrap()).lines();
+    let attached = within("the exiting child's attach", &[exiting.id()], || {
+        said.find(|l| l.as_ref().is_ok_and(|l| l.ends_with("ATTACHED")))
+    });
+    assert!(attached.is_some(), "the exiting child did not attach");
+
+    let mut holder = child("hold", &ext, &data);
+    let pid = holder.id();
+    let stopped = within("the holder's attach", &[pid, exiting.id()], || {
+        let mut status = 0;
+        // SAFETY: waits for this test's child to stop (or end), without reaping a stop.
+        unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WUNTRACED) };
+        status
+    });
+    assert!(
+        libc::WIFSTOPPED(stopped),
+        "the holder did not stop: {stopped:#x}"
+    );
+    let all = [pid, exiting.id()];
+    let _reaper = Reaper(all.to_vec());
+
+    // A new participant: refused, with the reason, and no extension half enabled.
+    let b = shared_engine();
+    let refused = within("attaching", &all, || b.enable_extension(&ext, EXT));
+    let err = refused
+        .expect_err("attached beside a participant stopped holding the lock")
+        .to_string();
+    assert!(err.contains("held its shared index's lock"), "{err}");
+    assert_eq!(b.extension_sharing(), None);
+
+    // OFF: its writer stopped, and detached; the file stays for the others.
+    within("OFF", &all, || a.disable_extension()).unwrap();
+    assert_eq!(a.extension_sharing(), None);
+    let logged = LOGGED.lock().unwrap().clone();
+    assert!(
+        !logged.iter().any(|l| l.contains(WRITER_STUCK)),
+        "OFF: {logged:?}"
+    );
+    assert!(ext.exists(), "OFF removed the file others share");
+    assert_eq!(decode(&read(&a, &fa, 7).0), Some((7, 0)));
+
+    // A process's exit: its writer stops, it closes and ends by itself.
+    writeln!(exiting.stdin.as_mut().unwrap(), "exit").unwrap();
+    let (lines, status) = within("exit", &all, || {
+        let lines: Vec<String> = said.by_ref().map_while(Result::ok).collect();
+        (lines, exiting.wait().unwrap())
+    });
+    assert!(
+        status.success() && lines.iter().any(|l| l.ends_with("CLOSED")),
+        "the exit failed: {status:?} {lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains(WRITER_STUCK)),
+        "exit: {lines:?}"
+    );
+
+    // The holder runs again, lets go and ends; then attaching works and reads are right.
+    // SAFETY: continues this test's stopped child.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+    drop(holder.stdin.take());
+    let ended = within("the holder's end", &[pid], || holder.wait().unwrap());
+    assert!(ended.success(), "the holder failed: {ended:?}");
+    within("attaching after the stop", &[], || {
+        b.enable_extension(&ext, EXT)
+    })
+    .unwrap();
+    assert_eq!(b.extension_sharing(), Some(Sharing::Shared));
+    let fb = b.open_file(&data, PAGE).unwrap();
+    for p in 0..64 {
+        assert_eq!(decode(&read(&b, &fb, p).0), Some((p, 0)), "page {p}");
+    }
+    b.check_invariants();
 }

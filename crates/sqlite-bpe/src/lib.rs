@@ -159,3 +159,10 @@ mod linked {
     }
 }
 pub use vfs::last_open_error;
+
+/// Panics caught where SQLite calls into bpe (a VFS method, an SQL function, a virtual table)
+/// since the process started: each became an SQLite error and an `internal error` line in
+/// sqlite3_log. Every one is a bug; tests check it stays 0 on the paths they exercise.
+pub fn caught_panics() -> u64 {
+    ffi::caught_panics()
+}

@@ -268,6 +268,7 @@ fn bad_statements_and_pragmas_name_the_problem_and_change_nothing() {
         &c,
         "ALTER SERVER CONFIGURATION SET BUFFER POOL EXTENSION OFF",
     );
+    assert_no_caught_panic("bad statements and pragmas");
 }
 
 #[test]
@@ -521,6 +522,7 @@ fn an_extension_at_our_own_files_in_dev_shm_is_refused_and_leaves_them_as_they_w
     }
     assert!(!mine.join("x.bpe").exists());
     exec(&c, "EXEC sp_configure 'max server memory (MB)', 64");
+    assert_no_caught_panic("extensions at our own files");
 }
 
 /// Issue 24: a base VFS that is not registered, or bpe named as its own base, fails the open
@@ -542,4 +544,5 @@ fn a_base_vfs_that_cannot_be_used_fails_the_open_naming_it() {
         assert!(said.contains(why), "bpe_base={base}: {said:?}");
         assert!(!db.exists(), "bpe_base={base} created the file");
     }
+    assert_no_caught_panic("unusable base VFSes");
 }

@@ -366,3 +366,124 @@ fn a_name_that_is_not_utf8_is_cached_under_its_own_name_over_a_base_vfs() {
     assert_eq!(value(&c, 1), "AAAAAAAA");
     assert_cached_under(&path);
 }
+
+/// What a statement gave: its rows as text, or SQLite's error.
+type Outcome = Result<Vec<String>, String>;
+
+/// What each statement gave on `c`.
+fn outcomes(c: &rusqlite::Connection, statements: &[&str]) -> Vec<Outcome> {
+    statements
+        .iter()
+        .map(|sql| {
+            let mut stmt = c.prepare(sql).map_err(|e| e.to_string())?;
+            let columns = stmt.column_count();
+            let rows = stmt
+                .query_map([], |r| {
+                    (0..columns)
+                        .map(|i| {
+                            r.get::<_, rusqlite::types::Value>(i)
+                                .map(|v| format!("{v:?}"))
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                        .map(|v| v.join("|"))
+                })
+                .map_err(|e| e.to_string())?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+/// Runs `statements` on a copy of `original` (a new file if None) opened with `uri_tail`
+/// (`vfs=...`), and returns what each gave, with the file's header bytes 18 and 19 (2 and 2:
+/// WAL format) and whether a `-wal` file is left beside it.
+fn run_on_copy(
+    dir: &Path,
+    name: &str,
+    original: Option<&Path>,
+    uri_tail: &str,
+    statements: &[&str],
+) -> (Vec<Outcome>, Vec<u8>, bool) {
+    let path = dir.join(name);
+    if let Some(original) = original {
+        std::fs::copy(original, &path).unwrap();
+    }
+    let said = {
+        let c = rusqlite::Connection::open_with_flags(
+            format!("file:{}?{uri_tail}", path.display()),
+            flags(),
+        )
+        .unwrap();
+        outcomes(&c, statements)
+    };
+    let header = std::fs::read(&path).unwrap_or_default();
+    let versions = header.get(18..20).unwrap_or_default().to_vec();
+    let wal = dir.join(format!("{name}-wal")).exists();
+    (said, versions, wal)
+}
+
+/// A base VFS without shared memory (`unix-none`: no xShmMap) cannot hold a WAL database's
+/// wal-index. Through bpe, SQLite must see what it sees over the base VFS alone: `PRAGMA
+/// journal_mode=wal` stays `delete` and the file stays a rollback-journal one; a database
+/// already in WAL format is "unable to open"; exclusive locking mode (a wal-index on the heap)
+/// works on both. Every statement gives what plain SQLite over the same base gives, and no panic
+/// is caught at the edge with SQLite (before, WAL was accepted and every later statement was a
+/// caught panic in xShmMap and a disk I/O error).
+#[test]
+fn over_a_base_vfs_without_shared_memory_wal_is_refused_as_plain_sqlite_refuses_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    register_base();
+    let dir = tempdir();
+    let root = dir.path().canonicalize().unwrap();
+    let plain = "vfs=unix-none";
+    let bpe = "vfs=bpe&bpe_base=unix-none";
+
+    let new_db: &[&str] = &[
+        "PRAGMA journal_mode=wal",
+        "CREATE TABLE t(x)",
+        "INSERT INTO t VALUES (1), (2)",
+        "SELECT count(*) FROM t",
+        "PRAGMA journal_mode",
+        "PRAGMA journal_mode=wal",
+        "INSERT INTO t VALUES (3)",
+        "SELECT sum(x) FROM t",
+    ];
+    let expected = run_on_copy(&root, "plain-new.db", None, plain, new_db);
+    assert_eq!(expected.0[0], Ok(vec!["Text(\"delete\")".to_string()]));
+    assert_eq!(expected.1, [1, 1], "plain SQLite made a WAL file");
+    let got = run_on_copy(&root, "bpe-new.db", None, bpe, new_db);
+    assert_eq!(got, expected, "a new database over unix-none");
+
+    // A database in WAL format, made by plain SQLite over the unix VFS (checkpointed and
+    // closed: no -wal file left, the header still says WAL).
+    let wal_db = root.join("wal.db");
+    {
+        let c = open_unix(&wal_db);
+        c.execute_batch("PRAGMA journal_mode=wal; CREATE TABLE t(x); INSERT INTO t VALUES (7);")
+            .unwrap();
+    }
+    let existing: &[&str] = &["SELECT x FROM t", "PRAGMA journal_mode", "SELECT x FROM t"];
+    let expected = run_on_copy(&root, "plain-wal.db", Some(&wal_db), plain, existing);
+    assert_eq!(
+        expected.0[0],
+        Err("unable to open database file".to_string()),
+        "plain SQLite over unix-none opened a WAL database"
+    );
+    let got = run_on_copy(&root, "bpe-wal.db", Some(&wal_db), bpe, existing);
+    assert_eq!(got, expected, "a WAL database over unix-none");
+
+    // Exclusive locking mode keeps the wal-index on the heap: WAL works over both.
+    let exclusive: &[&str] = &[
+        "PRAGMA locking_mode=exclusive",
+        "PRAGMA journal_mode=wal",
+        "CREATE TABLE t(x)",
+        "INSERT INTO t VALUES (4), (5)",
+        "SELECT sum(x) FROM t",
+    ];
+    let expected = run_on_copy(&root, "plain-excl.db", None, plain, exclusive);
+    assert_eq!(expected.0[1], Ok(vec!["Text(\"wal\")".to_string()]));
+    let got = run_on_copy(&root, "bpe-excl.db", None, bpe, exclusive);
+    assert_eq!(got, expected, "exclusive locking mode over unix-none");
+
+    assert_no_caught_panic("WAL over unix-none");
+}

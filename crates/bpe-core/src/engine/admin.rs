@@ -277,6 +277,22 @@ impl Engine {
             .is_none_or(|ext| ext.invalidate_where(None, 0))
     }
 
+    /// Takes the shared extension's lock as this process's participant and stops the process
+    /// (SIGSTOP) holding it, as a debugger would; lets go once continued (SIGCONT). False,
+    /// without stopping, if no shared extension is enabled. Tests only: what a participant
+    /// stopped holding the lock costs the others.
+    #[cfg(feature = "testing")]
+    pub fn stop_holding_the_extension_lock(&self) -> bool {
+        let Some(ext) = self.current_extension() else {
+            return false;
+        };
+        let Some(index) = ext.shared() else {
+            return false;
+        };
+        index.stop_holding_the_lock();
+        true
+    }
+
     /// Whether an extension file is open: without one, no file can be it, and the look at a
     /// file's identity (a system call) can be skipped.
     pub fn has_extension_file(&self) -> bool {

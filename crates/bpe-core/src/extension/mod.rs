@@ -675,6 +675,11 @@ impl Extension {
     /// True once the writer has stopped (it is waited for up to 10 s).
     fn stop_writer(&self) -> bool {
         self.stopping.store(true, Relaxed);
+        if let Some(index) = self.store.shared_index() {
+            // A participant stopped holding the shared lock would keep the writer waiting
+            // for it (in a claim, a publication, a seal) past the wait below.
+            index.interrupt_waits();
+        }
         // Wakes the writer if it waits for pages; if the queue is full it is busy, and checks
         // `stopping` between batches (well under a second).
         let _ = self.staging.try_send(ToWriter::Stop);

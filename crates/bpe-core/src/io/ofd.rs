@@ -42,9 +42,23 @@ pub fn try_shared(file: &File, byte: u64) -> bool {
     set(file, libc::F_OFD_SETLK, libc::F_RDLCK, byte)
 }
 
-/// Takes an exclusive lock on `byte`, waiting for other holders to release it (or die).
-pub fn exclusive_wait(file: &File, byte: u64) -> bool {
-    set(file, libc::F_OFD_SETLKW, libc::F_WRLCK, byte)
+/// Takes an exclusive lock on `byte` if other holders release it (or die) within `wait`; false
+/// otherwise (a holder stopped by SIGSTOP or a debugger keeps it as long as it is stopped).
+pub fn exclusive_within(file: &File, byte: u64, wait: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + wait;
+    let mut pause = std::time::Duration::from_micros(100);
+    loop {
+        if try_exclusive(file, byte) {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        // The kernel has no timed wait for a record lock: look again, less often as it lasts.
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(std::time::Duration::from_millis(10));
+    }
 }
 
 /// Releases this description's lock on `byte`, if it holds one.

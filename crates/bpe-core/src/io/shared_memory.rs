@@ -279,27 +279,13 @@ impl RobustMutex {
         made
     }
 
-    /// Locks it. After `OwnerDied` the caller repairs what it guards before unlocking.
+    /// Locks it if it is free now (None if not), without reading a clock: the common case of
+    /// every lookup. After `OwnerDied` the caller repairs what it guards before unlocking.
     /// An error means it can never be locked again (a holder died and the next one unlocked
     /// without repairing): the caller stops using the memory.
-    pub fn lock(&self) -> std::io::Result<Locked> {
+    pub fn try_lock(&self) -> std::io::Result<Option<Locked>> {
         // SAFETY: the mutex was initialized by `init` (the segment's creator) before the
         // segment was published; pthread calls are the only access to it.
-        match unsafe { libc::pthread_mutex_lock(self.inner.get()) } {
-            0 => Ok(Locked::Clean),
-            libc::EOWNERDEAD => {
-                // SAFETY: this thread holds the mutex (EOWNERDEAD returns it locked).
-                unsafe { libc::pthread_mutex_consistent(self.inner.get()) };
-                Ok(Locked::OwnerDied)
-            }
-            rc => Err(std::io::Error::from_raw_os_error(rc)),
-        }
-    }
-
-    /// Locks it if it is free now (None if not), without reading a clock: the common case of
-    /// every lookup. `Err` as for [`lock`](Self::lock).
-    pub fn try_lock(&self) -> std::io::Result<Option<Locked>> {
-        // SAFETY: as in `lock`.
         match unsafe { libc::pthread_mutex_trylock(self.inner.get()) } {
             0 => Ok(Some(Locked::Clean)),
             libc::EBUSY => Ok(None),
@@ -312,7 +298,9 @@ impl RobustMutex {
         }
     }
 
-    /// Locks it if that takes at most `wait` (None if not). `Err` as for [`lock`](Self::lock).
+    /// Locks it if that takes at most `wait` (None if not); `OwnerDied` and `Err` as for
+    /// [`try_lock`](Self::try_lock). There is no wait without a bound: a holder stopped by
+    /// SIGSTOP or a debugger would keep its caller as long as it is stopped.
     pub fn lock_within(&self, wait: std::time::Duration) -> std::io::Result<Option<Locked>> {
         let mut now = libc::timespec {
             tv_sec: 0,
@@ -327,7 +315,7 @@ impl RobustMutex {
                 + (nanos / 1_000_000_000) as libc::time_t,
             tv_nsec: (nanos % 1_000_000_000) as _,
         };
-        // SAFETY: as in `lock`; the deadline is a valid absolute CLOCK_REALTIME time.
+        // SAFETY: as in `try_lock`; the deadline is a valid absolute CLOCK_REALTIME time.
         match unsafe { libc::pthread_mutex_timedlock(self.inner.get(), &deadline) } {
             0 => Ok(Some(Locked::Clean)),
             libc::ETIMEDOUT => Ok(None),

@@ -19,7 +19,7 @@
 //! Journals and WAL files of such a database are the base VFS's too, behind plain forwarding.
 
 use super::file::{close_real, page_shaped};
-use super::unix_file::{unix, UnixFile};
+use super::unix_file::UnixFile;
 use crate::api;
 use crate::ffi::guard;
 use bpe_core::{Engine, FileHandle, FileIdentity, Via};
@@ -160,20 +160,55 @@ pub unsafe fn open(
             around: false,
         }
     });
-    // SAFETY: real was just opened by the base VFS.
-    let version = unsafe { (*(*real.ptr()).pMethods).iVersion };
+    // SAFETY: real was just opened by the base VFS: its methods live as long as the file.
+    let methods = methods_for(unsafe { &*(*real.ptr()).pMethods });
     let conn = Box::new(Conn { real, cached });
     let bf = f as *mut BaseFile;
     // SAFETY: f is a bpe file object (at least as large as BaseFile); close() frees conn.
     unsafe {
         (*bf).conn = Box::into_raw(conn);
-        (*bf).base.pMethods = if version >= 2 {
-            &METHODS_V2
-        } else {
-            &METHODS_V1
-        };
+        (*bf).base.pMethods = methods;
     }
     Ok(())
+}
+
+/// The methods SQLite sees for a file whose base VFS's methods are `base`: the shared-memory
+/// ones only if the base has them all. SQLite decides whether a file can be in WAL mode from
+/// its methods (iVersion 2 or more and an xShmMap; or exclusive locking mode, where the
+/// wal-index is on the heap), so a base without shared memory (`unix-none`, say) has WAL
+/// refused through bpe exactly as without it: `journal_mode=wal` stays `delete`, and a WAL
+/// database cannot be opened.
+fn methods_for(base: &sqlite3_io_methods) -> &'static sqlite3_io_methods {
+    let shm = base.iVersion >= 2
+        && base.xShmMap.is_some()
+        && base.xShmLock.is_some()
+        && base.xShmBarrier.is_some()
+        && base.xShmUnmap.is_some();
+    if shm {
+        &METHODS_V2
+    } else {
+        &METHODS_V1
+    }
+}
+
+/// The base file's method `$m`, called with `$args`; if the base VFS has no such method (SQLite
+/// would call a null pointer), the error `$missing`, logged, rather than a panic.
+macro_rules! base {
+    ($real:expr, $m:ident, $missing:expr $(, $arg:expr)*) => {{
+        let real: *mut sqlite3_file = $real;
+        // SAFETY: real is an open file of the base VFS, whose methods live as long as it.
+        match unsafe { (*(*real).pMethods).$m } {
+            // SAFETY: the base VFS's own method, on its own open file, with SQLite's arguments.
+            Some(m) => unsafe { m(real $(, $arg)*) },
+            None => {
+                api::log(
+                    SQLITE_MISUSE,
+                    concat!("bpe: the base VFS's file has no ", stringify!($m)),
+                );
+                $missing
+            }
+        }
+    }};
 }
 
 /// A process-wide number for each (base VFS, path) opened through a base VFS.
@@ -194,9 +229,10 @@ fn snapshot_name(real: *mut sqlite3_file) -> Option<u64> {
             pragma.as_ptr() as *mut c_char,
             std::ptr::null_mut(),
         ];
-        let rc = unix!(
+        let rc = base!(
             real,
             xFileControl,
+            SQLITE_NOTFOUND,
             SQLITE_FCNTL_PRAGMA,
             args.as_mut_ptr() as *mut c_void
         );
@@ -215,7 +251,7 @@ impl Cached {
     /// base VFS named the same one before and after the lock was taken.
     fn begin_read(&mut self, real: *mut sqlite3_file) -> c_int {
         let before = (!self.around).then(|| snapshot_name(real)).flatten();
-        let rc = unix!(real, xLock, SQLITE_LOCK_SHARED);
+        let rc = base!(real, xLock, SQLITE_IOERR_LOCK, SQLITE_LOCK_SHARED);
         if rc != SQLITE_OK {
             return rc;
         }
@@ -296,7 +332,7 @@ macro_rules! method {
 macro_rules! forward {
     ($fname:ident, $m:ident, $fallback:expr $(, $arg:ident : $ty:ty)*) => {
         unsafe extern "C" fn $fname(f: *mut sqlite3_file $(, $arg: $ty)*) -> c_int {
-            method!(f, $fallback, stringify!($m), |_conn, real| unix!(real, $m $(, $arg)*))
+            method!(f, $fallback, stringify!($m), |_conn, real| base!(real, $m, $fallback $(, $arg)*))
         }
     };
 }
@@ -323,7 +359,7 @@ unsafe extern "C" fn close(f: *mut sqlite3_file) -> c_int {
 unsafe extern "C" fn read(f: *mut sqlite3_file, buf: *mut c_void, amt: c_int, off: i64) -> c_int {
     method!(f, SQLITE_IOERR_READ, "xRead", |conn, real| {
         let Some(c) = conn.cached.as_mut() else {
-            return unix!(real, xRead, buf, amt, off);
+            return base!(real, xRead, SQLITE_IOERR_READ, buf, amt, off);
         };
         if page_shaped(amt, off) && c.page_size != amt as usize {
             // SQLite reads whole pages: this is the file's page size (a new key for the
@@ -336,7 +372,7 @@ unsafe extern "C" fn read(f: *mut sqlite3_file, buf: *mut c_void, amt: c_int, of
             }
         }
         let Some(handle) = c.pinned_snapshot().filter(|_| page_shaped(amt, off)) else {
-            return unix!(real, xRead, buf, amt, off);
+            return base!(real, xRead, SQLITE_IOERR_READ, buf, amt, off);
         };
         // SAFETY: buf has amt writable bytes.
         let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, amt as usize) };
@@ -363,7 +399,7 @@ unsafe extern "C" fn write(
         if let Some(c) = conn.cached.as_mut() {
             c.around = true;
         }
-        unix!(real, xWrite, buf, amt, off)
+        base!(real, xWrite, SQLITE_IOERR_WRITE, buf, amt, off)
     })
 }
 
@@ -372,7 +408,7 @@ unsafe extern "C" fn truncate(f: *mut sqlite3_file, size: i64) -> c_int {
         if let Some(c) = conn.cached.as_mut() {
             c.around = true;
         }
-        unix!(real, xTruncate, size)
+        base!(real, xTruncate, SQLITE_IOERR_TRUNCATE, size)
     })
 }
 
@@ -383,20 +419,20 @@ unsafe extern "C" fn lock(f: *mut sqlite3_file, level: c_int) -> c_int {
                 c.begin_read(real)
             }
             Some(c) => {
-                let rc = unix!(real, xLock, level);
+                let rc = base!(real, xLock, SQLITE_IOERR_LOCK, level);
                 if rc == SQLITE_OK {
                     c.lock = c.lock.max(level);
                 }
                 rc
             }
-            None => unix!(real, xLock, level),
+            None => base!(real, xLock, SQLITE_IOERR_LOCK, level),
         }
     })
 }
 
 unsafe extern "C" fn unlock(f: *mut sqlite3_file, level: c_int) -> c_int {
     method!(f, SQLITE_IOERR_UNLOCK, "xUnlock", |conn, real| {
-        let rc = unix!(real, xUnlock, level);
+        let rc = base!(real, xUnlock, SQLITE_IOERR_UNLOCK, level);
         if let Some(c) = conn.cached.as_mut() {
             c.lock = c.lock.min(level);
             if level == SQLITE_LOCK_NONE {
@@ -414,7 +450,7 @@ unsafe extern "C" fn file_control(f: *mut sqlite3_file, op: c_int, arg: *mut c_v
                 return rc;
             }
         }
-        unix!(real, xFileControl, op, arg)
+        base!(real, xFileControl, SQLITE_NOTFOUND, op, arg)
     })
 }
 
@@ -430,7 +466,15 @@ unsafe extern "C" fn shm_map(
         if let Some(c) = conn.cached.as_mut() {
             c.around = true;
         }
-        unix!(real, xShmMap, region, size, extend, out)
+        base!(
+            real,
+            xShmMap,
+            SQLITE_IOERR_SHMMAP,
+            region,
+            size,
+            extend,
+            out
+        )
     })
 }
 
@@ -446,7 +490,7 @@ unsafe extern "C" fn shm_barrier(f: *mut sqlite3_file) {
     guard((), "xShmBarrier", || {
         // SAFETY: SQLite calls this only on files open() installed.
         let (_, real) = unsafe { parts(f) };
-        unix!(real, xShmBarrier)
+        base!(real, xShmBarrier, ())
     })
 }
 

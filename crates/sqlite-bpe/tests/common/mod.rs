@@ -336,3 +336,14 @@ pub fn child_mode(var: &str) -> Option<String> {
     }));
     Some(mode)
 }
+
+/// No panic was caught where SQLite calls into bpe in this process (each would be a bug: bad
+/// input has errors of its own, and a caught panic is an `internal error` in sqlite3_log).
+pub fn assert_no_caught_panic(after: &str) {
+    assert_eq!(
+        sqlite_bpe::caught_panics(),
+        0,
+        "{after}: a panic was caught at the edge with SQLite (see its `internal error` in \
+         sqlite3_log)"
+    );
+}

@@ -16,6 +16,13 @@
 //! never a stale page. L2 is behind an SSD read anyway, so one lock per
 //! lookup is not what bounds it.
 //!
+//! **A holder that stops** (SIGSTOP, a debugger, a paused container) keeps the lock as long as
+//! it is stopped. Nothing waits for it unbounded but the writer's thread: lookups and
+//! invalidations wait [`LOCK_WAIT`] (a miss, a deferred removal); emptying, attaching and
+//! detaching wait [`ADMIN_WAIT`] (emptied later; attaching refused with
+//! `Error::SharedLockHeld`; detaching goes on without the lock); the writer waits until its
+//! extension leaves ([`SharedIndex::interrupt_waits`], at OFF and at exit) or detaches.
+//!
 //! **Names.** Pages are named by a shared key per data file, handed out from one counter in
 //! the segment and never reused: `(dev, ino)` maps to the file's current key. Forgetting all of
 //! a file is giving it a new key, in O(1), for every process at once.
@@ -173,6 +180,9 @@ pub struct SharedIndex {
     empty_pending: std::sync::atomic::AtomicBool,
     /// Set by `detach` before it lets the segment go; no [`InUse`] is handed out after.
     detached: AtomicBool,
+    /// Set when the extension stops its writer (OFF, exit): the writer's unbounded waits for
+    /// the lock give up (see [`SharedIndex::interrupt_waits`]).
+    leaving: AtomicBool,
     /// [`InUse`] tokens alive: threads touching the mapping now (`detach` waits for them).
     in_use: AtomicU64,
 }
@@ -204,6 +214,12 @@ const STALL_MS: u64 = 100;
 /// How long DBCC DROPCLEANBUFFERS waits for the lock before it leaves the emptying to this
 /// process's next lock: an operator's command, never stalled by a stopped participant.
 const EMPTY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long attaching and detaching wait for the lock and for the admin byte: as long as
+/// emptying does, an operator's command never stalled by a stopped participant. Past it,
+/// attaching is refused and detaching goes on without them (see `detach`).
+const ADMIN_WAIT: std::time::Duration = EMPTY_WAIT;
+/// How often a wait without a bound looks whether it should give up (the extension leaves).
+const LEAVING_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Removes this user's shared memory of extension files that are gone (removed by hand, their
 /// temporary directory cleaned, an older version's layout), once no process has it open: a
@@ -260,6 +276,13 @@ fn no_memory(path: &Path, reason: String) -> Error {
     }
 }
 
+fn lock_held(path: &Path) -> Error {
+    Error::SharedLockHeld {
+        path: path.to_path_buf(),
+        waited_ms: ADMIN_WAIT.as_millis() as u64,
+    }
+}
+
 fn bad(path: &Path, reason: impl Into<String>) -> Error {
     Error::BadExtensionPath {
         path: path.to_path_buf(),
@@ -299,8 +322,9 @@ impl SharedIndex {
         remove_orphaned_memory();
         let locks = own_file::open(path, Access::Update)
             .map_err(|e| bad(path, format!("cannot open it to attach: {e}")))?;
-        if !ofd::exclusive_wait(&locks, ADMIN_BYTE) {
-            return Err(bad(path, "cannot lock it to attach"));
+        // Held by a process attaching or detaching: for an instant, unless it is stopped.
+        if !ofd::exclusive_within(&locks, ADMIN_BYTE, ADMIN_WAIT) {
+            return Err(lock_held(path));
         }
         let attached = Self::attach_locked(path, geometry, locks);
         if let Ok(index) = &attached {
@@ -350,6 +374,7 @@ impl SharedIndex {
             stalled_until_ms: AtomicU64::new(0),
             empty_pending: std::sync::atomic::AtomicBool::new(false),
             detached: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
             in_use: AtomicU64::new(0),
             started: std::time::Instant::now(),
         };
@@ -363,7 +388,7 @@ impl SharedIndex {
             valid = false;
         }
         if valid && others == 0 {
-            if let Some(g) = index.lock() {
+            if let Some(g) = index.lock_with(Some(ADMIN_WAIT)) {
                 g.tables
                     .participants
                     .iter_mut()
@@ -382,8 +407,11 @@ impl SharedIndex {
             }
             index.initialize(path)?;
         }
-        let Some(g) = index.lock() else {
-            return Err(bad(path, "its shared memory's lock is unusable"));
+        let Some(g) = index.lock_with(Some(ADMIN_WAIT)) else {
+            if index.broken.load(Ordering::Relaxed) {
+                return Err(bad(path, "its shared memory's lock is unusable"));
+            }
+            return Err(lock_held(path));
         };
         g.tables.participants[me].pid = index.pid;
         g.tables.participants[me].attached = 1;
@@ -461,10 +489,21 @@ impl SharedIndex {
         (top % stripes) as usize
     }
 
-    /// Takes the lock, however long its holder keeps it (the writer's thread, attaching,
-    /// forgetting a file: nothing a query waits for).
+    /// Takes the lock, however long its holder keeps it (the writer's thread, forgetting a
+    /// file: nothing a query waits for), unless this process detaches meanwhile, or its
+    /// extension leaves (see [`interrupt_waits`](Self::interrupt_waits)).
     fn lock(&self) -> Option<Guard<'_>> {
         self.lock_with(None)
+    }
+
+    /// The extension is going (OFF, a resize, exit): from now on, waits without a bound (the
+    /// writer's claims, publications and seals, forgetting a file) give up within
+    /// [`LEAVING_POLL`] when the lock is not free, so that the writer stops and the extension
+    /// detaches while another participant is stopped holding the lock. A give-up writes or
+    /// forgets nothing: a region left `FILLING` is taken by the next writer once this process
+    /// is gone, as a dead process's.
+    pub fn interrupt_waits(&self) {
+        self.leaving.store(true, Ordering::SeqCst);
     }
 
     /// Takes the lock if that takes at most [`LOCK_WAIT`] (nothing more while a holder is
@@ -523,14 +562,19 @@ impl SharedIndex {
         let in_use = self.enter()?;
         let mutex = &self.header().mutex;
         let started = std::time::Instant::now();
-        let found = match wait.map_or_else(|| mutex.lock().map(Some), |w| mutex.lock_within(w)) {
-            Ok(Some(found)) => {
-                self.lock_wait.record(started.elapsed());
-                found
+        let found = loop {
+            match mutex.lock_within(wait.unwrap_or(LEAVING_POLL)) {
+                Ok(Some(found)) => break found,
+                // No bound: wait on, unless told to give up (`detach` waits for this thread).
+                Ok(None)
+                    if wait.is_none()
+                        && !self.leaving.load(Ordering::SeqCst)
+                        && !self.detached.load(Ordering::SeqCst) => {}
+                Ok(None) => return None,
+                Err(e) => return self.unusable(e),
             }
-            Ok(None) => return None,
-            Err(e) => return self.unusable(e),
         };
+        self.lock_wait.record(started.elapsed());
         Some(self.guard(found, in_use))
     }
 
@@ -593,6 +637,18 @@ impl SharedIndex {
         self.me
     }
 
+    #[cfg(any(test, feature = "testing"))]
+    /// Takes the lock as this participant and stops the whole process (SIGSTOP) holding it,
+    /// as a debugger or a paused container would stop it; lets go once continued (SIGCONT).
+    /// Tests: what a stopped participant costs the others.
+    pub fn stop_holding_the_lock(&self) {
+        let g = self.lock();
+        // SAFETY: raise only sends a signal to this process; the default action of SIGSTOP
+        // stops it until SIGCONT, and the call then returns.
+        unsafe { libc::raise(libc::SIGSTOP) };
+        drop(g);
+    }
+
     /// Other processes attached now.
     pub fn others_attached(&self) -> usize {
         (0..MAX_PARTICIPANTS)
@@ -604,9 +660,16 @@ impl SharedIndex {
     /// to leave runs `on_last` (which deletes the extension file) and removes the shared memory,
     /// unless `keep` (a clean exit: the next process to share the file starts warm from it),
     /// before anyone can attach again. Returns whether this was the last.
+    ///
+    /// Bounded while another participant is stopped holding the lock or the admin byte: without
+    /// the admin byte this process is never the last (the file and the memory stay, for the
+    /// others or the next to attach); without the lock its slot and its regions are not marked
+    /// free (a region left `FILLING` is taken by the next writer once this process's
+    /// participant byte is released, as a dead process's).
     pub fn detach(&self, keep: bool, on_last: impl FnOnce()) -> bool {
-        let admin = ofd::exclusive_wait(&self.locks, ADMIN_BYTE);
-        if let Some(g) = self.lock() {
+        self.interrupt_waits();
+        let admin = ofd::exclusive_within(&self.locks, ADMIN_BYTE, ADMIN_WAIT);
+        if let Some(g) = self.lock_with(Some(ADMIN_WAIT)) {
             g.tables.participants[self.me].attached = 0;
             for r in g.tables.regions.iter_mut() {
                 if r.state == FILLING && r.owner as usize == self.me {
