@@ -158,4 +158,6 @@ mod linked {
         (!p.is_null()).then_some(p as *const _)
     }
 }
+#[doc(hidden)]
+pub use process::fork_waits_for_base_calls;
 pub use vfs::last_open_error;

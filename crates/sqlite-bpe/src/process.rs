@@ -93,6 +93,10 @@ static EXTENSION_FD: AtomicI32 = AtomicI32::new(-1);
 static EXTENSION_LOCK_FD: AtomicI32 = AtomicI32::new(-1);
 static CONFIG: OnceLock<EnvConfig> = OnceLock::new();
 static HOOKS: Once = Once::new();
+/// The threads inside a call into the base VFS that may take one of its own per-file mutexes
+/// (see [`base_call`]), and [`FORKING`] while a fork waits for them to leave.
+static BASE_CALLS: AtomicU64 = AtomicU64::new(0);
+const FORKING: u64 = 1 << 63;
 
 /// The generation engines are created in now (changes in a forked child).
 #[inline]
@@ -197,6 +201,60 @@ fn install_hooks() {
     });
 }
 
+/// A call into the base VFS that may take one of its per-file mutexes: the unix VFS's lock,
+/// unlock, reserved-lock check, close, open and shared-memory methods take the file's inode
+/// mutex (`unixInodeInfo.pLockMutex`) or its shared-memory mutex around `fcntl` calls. These
+/// mutexes are SQLite's, one per file, out of reach of a fork handler; a forked child that
+/// opens the same file finds the same inode record, and its first lock waits forever for a
+/// mutex a parent thread held at the fork. So a fork waits for the threads inside such a call
+/// to leave it (`before_fork`), and no thread enters one until the fork is done. Held only
+/// around the base VFS's own method: never nested, nothing else is taken under it.
+pub struct BaseCall(());
+
+#[inline]
+pub fn base_call() -> BaseCall {
+    loop {
+        let now = BASE_CALLS.load(Ordering::Relaxed);
+        if now & FORKING == 0
+            && BASE_CALLS
+                .compare_exchange_weak(now, now + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            return BaseCall(());
+        }
+        if now & FORKING != 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Drop for BaseCall {
+    #[inline]
+    fn drop(&mut self) {
+        BASE_CALLS.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// Whether a fork is waiting for calls into the base VFS to end (tests: a thread held inside
+/// one lets it go when a fork waits for it).
+#[doc(hidden)]
+pub fn fork_waits_for_base_calls() -> bool {
+    BASE_CALLS.load(Ordering::Relaxed) & FORKING != 0
+}
+
+/// Stops new calls into the base VFS's locking and waits (until the deadline) for those under
+/// way to end.
+fn hold_base_calls() {
+    BASE_CALLS.fetch_or(FORKING, Ordering::AcqRel);
+    let deadline = std::time::Instant::now() + MUTEX_DEADLINE;
+    while BASE_CALLS.load(Ordering::Acquire) & !FORKING != 0 {
+        if std::time::Instant::now() >= deadline {
+            return; // forked anyway: as before this gate (a child may hang, as plain SQLite's)
+        }
+        std::thread::yield_now();
+    }
+}
+
 /// SQLite's static mutexes held across a fork, in the order they are taken: SQLite nests its
 /// allocator's innermost, so it comes last (`SQLITE_MUTEX_STATIC_*`: OPEN, PRNG, MAIN, VFS1-3,
 /// LRU, PMEM, MEM).
@@ -246,16 +304,21 @@ extern "C" fn before_fork() {
     EXTENSION_FD.store(fds[0], Ordering::Relaxed);
     EXTENSION_LOCK_FD.store(fds[1], Ordering::Relaxed);
     std::mem::forget(slot);
+    // Before SQLite's mutexes: a thread inside a base call may be waiting for one of them.
+    hold_base_calls();
     hold_sqlite_mutexes();
 }
 
 extern "C" fn after_fork_parent() {
     release_sqlite_mutexes();
+    BASE_CALLS.fetch_and(!FORKING, Ordering::AcqRel);
     SLOT.force_unlock();
 }
 
 extern "C" fn after_fork_child() {
     release_sqlite_mutexes();
+    // The threads that were inside a base call (if the wait gave up) do not exist here.
+    BASE_CALLS.store(0, Ordering::Release);
     GENERATION.fetch_add(1, Ordering::AcqRel);
     for fd in [
         EXTENSION_FD.swap(-1, Ordering::Relaxed),

@@ -424,6 +424,7 @@ fn child_entry() {
         "bpe" => forker(&dir, &journal, std::env::var(BY_ENV).unwrap() == "1", false),
         "plain" => forker(&dir, &journal, false, true),
         "engine" => engine_forker(),
+        "inode" => inode_forker(&dir),
         other => panic!("unknown mode {other}"),
     }
     println!("FORKER DONE");
@@ -738,6 +739,103 @@ fn engine_forker() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// A parent thread inside SQLite's lock of the file at the fork.
+
+/// The next lock `fcntl` of the unix VFS stops there (`held_fcntl`).
+static STOP_IN_FCNTL: AtomicBool = AtomicBool::new(false);
+/// A thread is stopped in `held_fcntl`.
+static IN_FCNTL: AtomicBool = AtomicBool::new(false);
+/// The forking thread has forked: the stopped thread goes on.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// The unix VFS's `fcntl` (its system-call table): a lock call, once asked to, stops until
+/// either the process has forked or a fork waits for calls like it to end. The unix VFS makes
+/// these calls holding the file's inode mutex, so while it is stopped, that mutex is held.
+///
+/// SQLite calls it as `int (*)(int, int, ...)`; its third argument is passed as a fixed one
+/// (the same registers on the platforms this test runs on).
+unsafe extern "C" fn held_fcntl(
+    fd: libc::c_int,
+    cmd: libc::c_int,
+    arg: *mut libc::c_void,
+) -> libc::c_int {
+    if cmd == libc::F_SETLK && STOP_IN_FCNTL.swap(false, SeqCst) {
+        IN_FCNTL.store(true, SeqCst);
+        while !FORKED.load(SeqCst) && !sqlite_bpe::fork_waits_for_base_calls() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    // SAFETY: the call SQLite made, passed on.
+    unsafe { libc::fcntl(fd, cmd, arg) }
+}
+
+/// Forks while another thread is inside the unix VFS's lock call on the database (holding its
+/// inode mutex, as a busy thread of a loaded machine is when it is preempted there); the child
+/// opens a new connection to that database and reads.
+fn inode_forker(dir: &Path) {
+    use rusqlite::ffi::{sqlite3_syscall_ptr, sqlite3_vfs_find};
+    sqlite_bpe::register().expect("register");
+    let db = dir.join("inode.db");
+    let main = connect(&db, false);
+    create_db(&main, "DELETE");
+    check_row(&main, 1).unwrap();
+    // SAFETY: the unix VFS is registered for the process's life; the replacement has the
+    // calling convention SQLite uses for fcntl (see held_fcntl).
+    unsafe {
+        let unix = sqlite3_vfs_find(c"unix".as_ptr());
+        assert!(!unix.is_null());
+        let set = (*unix).xSetSystemCall.expect("xSetSystemCall");
+        let hook: sqlite3_syscall_ptr = Some(std::mem::transmute::<
+            unsafe extern "C" fn(libc::c_int, libc::c_int, *mut libc::c_void) -> libc::c_int,
+            unsafe extern "C" fn(),
+        >(held_fcntl));
+        assert_eq!(set(unix, c"fcntl".as_ptr(), hook), 0);
+    }
+    let child = std::thread::scope(|s| {
+        let busy = s.spawn(|| {
+            let c = connect(&db, false);
+            STOP_IN_FCNTL.store(true, SeqCst);
+            // Its shared lock is the file's first: an fcntl under the inode mutex.
+            c.execute_batch("BEGIN IMMEDIATE; COMMIT").unwrap();
+        });
+        while !IN_FCNTL.load(SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: fork; the child runs only this thread's code and ends with exit().
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: as in fork_children.
+            unsafe { libc::alarm(CHILD_ALARM_S) };
+            let fresh = connect(&db, false);
+            let code = match check_rows(&fresh, &mut StdRng::seed_from_u64(1), 10) {
+                Ok(()) => EXIT_OK,
+                Err(e) => {
+                    raw_say(&format!("child: {e}"));
+                    EXIT_FAILED
+                }
+            };
+            // SAFETY: ends the child as a normal exit does.
+            unsafe { libc::exit(code) };
+        }
+        FORKED.store(true, SeqCst);
+        busy.join().unwrap();
+        pid
+    });
+    let mut status = 0;
+    // SAFETY: pid is our child; status is a valid out-pointer.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    if libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGALRM {
+        println!("INODE child HUNG opening a new connection: killed by its watchdog");
+    } else if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == EXIT_OK {
+        println!("INODE child ok");
+    } else {
+        println!("INODE child FAILED: status {status:#x}");
+    }
+    check_rows(&main, &mut StdRng::seed_from_u64(2), 10).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
 // The tests.
 
 struct Run {
@@ -873,6 +971,20 @@ fn a_child_forked_while_other_threads_wait_for_the_engine_gets_one() {
         r.describe()
     );
     assert_eq!(r.field("failed"), 0, "{}", r.describe());
+    assert!(r.success, "{}", r.describe());
+}
+
+/// A child forked while another thread was inside SQLite's lock call on the database (holding
+/// the unix VFS's mutex for that file, which the child's new connection to it needs): the fork
+/// waits for that call to end, and the child opens and reads.
+#[test]
+fn a_child_forked_while_a_thread_is_inside_sqlites_file_lock_opens_the_file() {
+    let r = run_forker("inode", "DELETE", false);
+    assert!(
+        r.stdout.contains("INODE child ok"),
+        "the child did not open the database:\n{}",
+        r.describe()
+    );
     assert!(r.success, "{}", r.describe());
 }
 

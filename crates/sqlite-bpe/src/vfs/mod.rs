@@ -188,8 +188,12 @@ unsafe fn open_inner(
     } else {
         f
     };
-    // SAFETY: real has room for the unix file; the unix VFS fills it.
-    let rc = unsafe { unix_open(unix, name, real, flags, out_flags) };
+    let rc = {
+        // The unix VFS's open may take the inode's mutex (a descriptor to reuse).
+        let _call = crate::process::base_call();
+        // SAFETY: real has room for the unix file; the unix VFS fills it.
+        unsafe { unix_open(unix, name, real, flags, out_flags) }
+    };
     if rc != SQLITE_OK {
         return rc;
     }
