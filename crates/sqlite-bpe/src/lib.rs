@@ -159,5 +159,5 @@ mod linked {
     }
 }
 #[doc(hidden)]
-pub use process::fork_waits_for_base_calls;
+pub use process::{fork_waits_for, hold_process_lock, PROCESS_LOCKS};
 pub use vfs::last_open_error;

@@ -15,9 +15,10 @@
 
 use crate::env_config::EnvConfig;
 use bpe_core::{published, Engine};
-use std::cell::UnsafeCell;
+use std::any::Any;
+use std::cell::{RefCell, UnsafeCell};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Once, OnceLock};
 
 /// A spin lock that a fork handler can release with a store (see the module comment). Held only
@@ -235,11 +236,64 @@ impl Drop for BaseCall {
     }
 }
 
-/// Whether a fork is waiting for calls into the base VFS to end (tests: a thread held inside
-/// one lets it go when a fork waits for it).
+/// The process-wide locks (std mutexes, not the engine's) that a forked child's connections
+/// may take: the files closed with their commit log kept, the commit logs mapped, the base
+/// VFS sources' numbers, the core's kept readahead buffers. A fork holds each across `fork`
+/// (`before_fork`), in this order, so that none is held by another thread at that moment: the
+/// child would wait for it forever (as for SQLite's own mutexes). Each is held briefly and
+/// none is taken under another, nor under the engine slot or a base call.
+pub const PROCESS_LOCKS: [(&str, HoldLock); 4] = [
+    ("closed files", crate::vfs::hold_closed_list),
+    ("commit logs", crate::vfs::hold_open_list),
+    ("base sources", crate::vfs::hold_source_ids),
+    ("readahead buffers", bpe_core::hold_large_spares),
+];
+/// Takes one of the [`PROCESS_LOCKS`]; the lock is held until the box is dropped.
+pub type HoldLock = fn() -> Box<dyn Any>;
+
+/// 1 + the index in [`PROCESS_LOCKS`] of the lock a fork is waiting for, 0 if none.
+static FORK_WAITS_FOR: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// The process locks the forking thread holds across its fork (from the prepare handler
+    /// to the parent's or the child's).
+    static HELD_ACROSS_FORK: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+}
+
+fn hold_process_locks() {
+    for (i, (_, hold)) in PROCESS_LOCKS.iter().enumerate() {
+        FORK_WAITS_FOR.store(i + 1, Ordering::Release);
+        let held = hold();
+        HELD_ACROSS_FORK.with(|h| h.borrow_mut().push(held));
+    }
+    FORK_WAITS_FOR.store(0, Ordering::Release);
+}
+
+fn release_process_locks() {
+    let held = HELD_ACROSS_FORK.with(|h| std::mem::take(&mut *h.borrow_mut()));
+    drop(held);
+}
+
+/// Whether a fork is waiting for the lock `name` (one of [`PROCESS_LOCKS`], or "base calls":
+/// calls into the base VFS's locking). Tests: a thread holding one lets it go when a fork waits
+/// for it.
 #[doc(hidden)]
-pub fn fork_waits_for_base_calls() -> bool {
-    BASE_CALLS.load(Ordering::Relaxed) & FORKING != 0
+pub fn fork_waits_for(name: &str) -> bool {
+    if name == "base calls" {
+        return BASE_CALLS.load(Ordering::Relaxed) & FORKING != 0;
+    }
+    let i = FORK_WAITS_FOR.load(Ordering::Acquire);
+    i > 0 && PROCESS_LOCKS[i - 1].0 == name
+}
+
+/// Takes the process lock `name` (tests: a thread holding one while another forks).
+#[doc(hidden)]
+pub fn hold_process_lock(name: &str) -> Box<dyn Any> {
+    let (_, hold) = PROCESS_LOCKS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .unwrap_or_else(|| panic!("no process lock named {name:?}"));
+    hold()
 }
 
 /// Stops new calls into the base VFS's locking and waits (until the deadline) for those under
@@ -304,6 +358,7 @@ extern "C" fn before_fork() {
     EXTENSION_FD.store(fds[0], Ordering::Relaxed);
     EXTENSION_LOCK_FD.store(fds[1], Ordering::Relaxed);
     std::mem::forget(slot);
+    hold_process_locks();
     // Before SQLite's mutexes: a thread inside a base call may be waiting for one of them.
     hold_base_calls();
     hold_sqlite_mutexes();
@@ -312,6 +367,7 @@ extern "C" fn before_fork() {
 extern "C" fn after_fork_parent() {
     release_sqlite_mutexes();
     BASE_CALLS.fetch_and(!FORKING, Ordering::AcqRel);
+    release_process_locks();
     SLOT.force_unlock();
 }
 
@@ -319,6 +375,7 @@ extern "C" fn after_fork_child() {
     release_sqlite_mutexes();
     // The threads that were inside a base call (if the wait gave up) do not exist here.
     BASE_CALLS.store(0, Ordering::Release);
+    release_process_locks();
     GENERATION.fetch_add(1, Ordering::AcqRel);
     for fd in [
         EXTENSION_FD.swap(-1, Ordering::Relaxed),

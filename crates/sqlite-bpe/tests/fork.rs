@@ -425,6 +425,7 @@ fn child_entry() {
         "plain" => forker(&dir, &journal, false, true),
         "engine" => engine_forker(),
         "inode" => inode_forker(&dir),
+        "locks" => process_locks_forker(&dir),
         other => panic!("unknown mode {other}"),
     }
     println!("FORKER DONE");
@@ -761,7 +762,7 @@ unsafe extern "C" fn held_fcntl(
 ) -> libc::c_int {
     if cmd == libc::F_SETLK && STOP_IN_FCNTL.swap(false, SeqCst) {
         IN_FCNTL.store(true, SeqCst);
-        while !FORKED.load(SeqCst) && !sqlite_bpe::fork_waits_for_base_calls() {
+        while !FORKED.load(SeqCst) && !sqlite_bpe::fork_waits_for("base calls") {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -833,6 +834,80 @@ fn inode_forker(dir: &Path) {
         println!("INODE child FAILED: status {status:#x}");
     }
     check_rows(&main, &mut StdRng::seed_from_u64(2), 10).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// A parent thread holding one of the adapter's process-wide locks at the fork.
+
+/// For each of the process-wide locks a fork holds across `fork`, forks while another thread
+/// holds it (until the process has forked, or the fork waits for that lock); the child opens a
+/// new connection (its first read maps the commit log), scans the table (readahead buffers),
+/// closes it (the closed files' list), and opens and reads it through a base VFS (the base
+/// sources' numbers). One line per lock: `LOCK <name>: ok` or what went wrong.
+fn process_locks_forker(dir: &Path) {
+    sqlite_bpe::register().expect("register");
+    let db = dir.join("locks.db");
+    let main = connect(&db, false);
+    create_db(&main, "DELETE");
+    check_all(&main).unwrap();
+    for (name, _) in sqlite_bpe::PROCESS_LOCKS {
+        let holding = AtomicBool::new(false);
+        let forked = AtomicBool::new(false);
+        let child = std::thread::scope(|s| {
+            s.spawn(|| {
+                let held = sqlite_bpe::hold_process_lock(name);
+                holding.store(true, SeqCst);
+                while !forked.load(SeqCst) && !sqlite_bpe::fork_waits_for(name) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                drop(held);
+            });
+            while !holding.load(SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // SAFETY: fork; the child runs only this thread's code and ends with exit().
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+            if pid == 0 {
+                // SAFETY: as in fork_children.
+                unsafe { libc::alarm(CHILD_ALARM_S) };
+                let code = match child_uses_process_locks(&db) {
+                    Ok(()) => EXIT_OK,
+                    Err(e) => {
+                        raw_say(&format!("child ({name} held at the fork): {e}"));
+                        EXIT_FAILED
+                    }
+                };
+                // SAFETY: ends the child as a normal exit does.
+                unsafe { libc::exit(code) };
+            }
+            forked.store(true, SeqCst);
+            pid
+        });
+        let mut status = 0;
+        // SAFETY: child is our child; status is a valid out-pointer.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        if libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGALRM {
+            println!("LOCK {name}: the child HUNG, killed by its watchdog");
+        } else if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == EXIT_OK {
+            println!("LOCK {name}: ok");
+        } else {
+            println!("LOCK {name}: the child FAILED, status {status:#x}");
+        }
+    }
+    check_all(&main).unwrap();
+}
+
+fn child_uses_process_locks(db: &Path) -> Result<(), String> {
+    let fresh = connect(db, false);
+    check_all(&fresh)?;
+    drop(fresh);
+    let through_base = Connection::open_with_flags(
+        format!("file:{}?vfs=bpe&bpe_base=unix-none", db.display()),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_URI,
+    )
+    .map_err(|e| format!("open through a base VFS: {e}"))?;
+    check_rows(&through_base, &mut StdRng::seed_from_u64(3), 10)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -985,6 +1060,22 @@ fn a_child_forked_while_a_thread_is_inside_sqlites_file_lock_opens_the_file() {
         "the child did not open the database:\n{}",
         r.describe()
     );
+    assert!(r.success, "{}", r.describe());
+}
+
+/// A child forked while another thread held one of the adapter's process-wide locks (the
+/// commit logs' list, the closed files', the base sources', the core's readahead buffers'):
+/// the fork waits for each, and the child's connections work.
+#[test]
+fn a_child_forked_while_a_thread_holds_a_process_wide_lock_works() {
+    let r = run_forker("locks", "DELETE", false);
+    for (name, _) in sqlite_bpe::PROCESS_LOCKS {
+        assert!(
+            r.stdout.contains(&format!("LOCK {name}: ok")),
+            "{name}:\n{}",
+            r.describe()
+        );
+    }
     assert!(r.success, "{}", r.describe());
 }
 

@@ -59,6 +59,10 @@ mod scope;
 mod unix_file;
 mod wal_view;
 
+pub use base_file::hold_source_ids;
+pub use change_detect::hold_closed_list;
+pub use peer_log::hold_open_list;
+
 use crate::api;
 use libsqlite3_sys::{
     sqlite3_file, sqlite3_vfs, SQLITE_CANTOPEN, SQLITE_IOERR, SQLITE_OK, SQLITE_OPEN_MAIN_DB,

@@ -59,6 +59,11 @@ struct Entry {
 /// The logs this process has mapped (path, descriptor), for the exit handler.
 static OPEN: std::sync::Mutex<Vec<(PathBuf, i32)>> = std::sync::Mutex::new(Vec::new());
 
+/// The list's lock, taken (held across a fork: see `process::hold_process_locks`).
+pub fn hold_open_list() -> Box<dyn std::any::Any> {
+    Box::new(OPEN.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// Once per process: removes this user's logs that killed processes left (`remove_unused`: a
 /// directory listing and a try-lock per log, at load), and at exit this process's own that no
 /// other process uses.
