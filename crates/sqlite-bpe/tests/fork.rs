@@ -30,6 +30,12 @@
 //! SQLITE_ENABLE_MEMORY_MANAGEMENT) hangs in its first SQLite call, as with plain SQLite (the
 //! control).
 //!
+//! Two deterministic ones for what hung children only under machine load: a thread stopped
+//! inside the unix VFS's lock `fcntl` (holding SQLite's mutex for that file, which the child's
+//! open of the same file takes) while the process forks; and a thread holding each of the
+//! adapter's process-wide locks in turn. Each thread lets go when the fork waits for it (or
+//! once the process has forked, which without the fix is after the child started: it hangs).
+//!
 //! Knobs: `BPE_FORK_CHILDREN=N` forks N children per test (default 60); `BPE_FORK_GDB=1` prints a
 //! hung child's stacks (gdb); `BPE_FORK_HOLD_SQLITE_MUTEXES=1` has the forking thread hold
 //! SQLite's static mutexes across fork() (what an atfork handler could do), to see the hangs that
