@@ -432,6 +432,7 @@ fn child_entry() {
         "engine" => engine_forker(),
         "inode" => inode_forker(&dir),
         "locks" => process_locks_forker(&dir),
+        "log" => commit_log_forker(&dir),
         other => panic!("unknown mode {other}"),
     }
     println!("FORKER DONE");
@@ -917,6 +918,63 @@ fn child_uses_process_locks(db: &Path) -> Result<(), String> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// A child's exit and its parent's commit log.
+
+/// The parent maps the database's commit log (rollback mode); a child that never uses the
+/// database exits normally (its exit handlers run). Then the log must still be at its path,
+/// the same file, and a new process must be able to take the shared lock every user of it
+/// holds without waiting. Prints `LOG ok` or what is wrong.
+fn commit_log_forker(dir: &Path) {
+    use std::os::unix::io::AsRawFd;
+    sqlite_bpe::register().expect("register");
+    let db = dir.join("log.db");
+    let main = connect(&db, false);
+    create_db(&main, "DELETE");
+    check_all(&main).unwrap();
+    let meta = std::fs::metadata(&db).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let log = PathBuf::from(format!(
+        "/dev/shm/sqlite-bpe-{uid}-{}-{}",
+        meta.dev(),
+        meta.ino()
+    ));
+    let before = identity(&log);
+    assert!(
+        before.is_some(),
+        "the parent maps no commit log at {}",
+        log.display()
+    );
+    // SAFETY: fork; the child only exits (its exit handlers run, as any child's do).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // SAFETY: as in fork_children.
+        unsafe {
+            libc::alarm(CHILD_ALARM_S);
+            libc::exit(EXIT_OK)
+        };
+    }
+    let mut status = 0;
+    // SAFETY: pid is our child; status is a valid out-pointer.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "the child: status {status:#x}");
+    let after = identity(&log);
+    let shared_now = std::fs::File::open(&log).ok().is_some_and(|f| {
+        // SAFETY: flock only tries a lock on a descriptor we own.
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) == 0 }
+    });
+    if after != before {
+        println!("LOG removed or replaced by the child's exit: {before:?} then {after:?}");
+    } else if !shared_now {
+        println!("LOG locked exclusively after the child's exit");
+    } else {
+        println!("LOG ok");
+    }
+    check_all(&main).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
 // The tests.
 
 struct Run {
@@ -1082,6 +1140,17 @@ fn a_child_forked_while_a_thread_holds_a_process_wide_lock_works() {
             r.describe()
         );
     }
+    assert!(r.success, "{}", r.describe());
+}
+
+/// A child's exit leaves its parent's commit log (rollback mode) where it is, with only the
+/// shared locks of its users: the child's copy of the parent's descriptor is the parent's
+/// lock, so an exit handler that took it exclusively took the parent's, removed a log the
+/// parent still writes, and left a new process that opened it first waiting for ever.
+#[test]
+fn a_childs_exit_leaves_its_parents_commit_log_alone() {
+    let r = run_forker("log", "DELETE", false);
+    assert!(r.stdout.contains("LOG ok"), "{}", r.describe());
     assert!(r.success, "{}", r.describe());
 }
 
