@@ -203,9 +203,9 @@ fn install_hooks() {
 }
 
 /// A call into the base VFS that may take one of its per-file mutexes: the unix VFS's lock,
-/// unlock, reserved-lock check, close, open and shared-memory methods take the file's inode
-/// mutex (`unixInodeInfo.pLockMutex`) or its shared-memory mutex around `fcntl` calls. These
-/// mutexes are SQLite's, one per file, out of reach of a fork handler; a forked child that
+/// unlock, reserved-lock check, file control, close, open and shared-memory methods take the
+/// file's inode mutex (`unixInodeInfo.pLockMutex`) or its shared-memory mutex around `fcntl`
+/// calls. These mutexes are SQLite's, one per file, out of reach of a fork handler; a child that
 /// opens the same file finds the same inode record, and its first lock waits forever for a
 /// mutex a parent thread held at the fork. So a fork waits for the threads inside such a call
 /// to leave it (`before_fork`), and no thread enters one until the fork is done. Held only
