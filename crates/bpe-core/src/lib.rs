@@ -56,7 +56,7 @@ pub use extension::{initial_index_bytes, MIN_EXTENSION_BYTES};
 pub use files::{
     FileHandle, FileInfo, KnownStamp, OpenKind, OpenRequest, PARKED_FILES, RACY_WINDOW,
 };
-pub use io::aligned::{Scratch, READAHEAD_BUFFERS_KEPT_BYTES};
+pub use io::aligned::{hold_large_spares, Scratch, READAHEAD_BUFFERS_KEPT_BYTES};
 pub use io::clock::monotonic_ns;
 /// Opening the files kept beside the user's: never through a symbolic link.
 pub use io::own_file;

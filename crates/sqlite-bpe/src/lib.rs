@@ -158,6 +158,8 @@ mod linked {
         (!p.is_null()).then_some(p as *const _)
     }
 }
+#[doc(hidden)]
+pub use process::{fork_waits_for, hold_process_lock, PROCESS_LOCKS};
 pub use vfs::last_open_error;
 
 /// Panics caught where SQLite calls into bpe (a VFS method, an SQL function, a virtual table)

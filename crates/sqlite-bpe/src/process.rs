@@ -15,9 +15,10 @@
 
 use crate::env_config::EnvConfig;
 use bpe_core::{published, Engine};
-use std::cell::UnsafeCell;
+use std::any::Any;
+use std::cell::{RefCell, UnsafeCell};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Once, OnceLock};
 
 /// A spin lock that a fork handler can release with a store (see the module comment). Held only
@@ -93,6 +94,10 @@ static EXTENSION_FD: AtomicI32 = AtomicI32::new(-1);
 static EXTENSION_LOCK_FD: AtomicI32 = AtomicI32::new(-1);
 static CONFIG: OnceLock<EnvConfig> = OnceLock::new();
 static HOOKS: Once = Once::new();
+/// The threads inside a call into the base VFS that may take one of its own per-file mutexes
+/// (see [`base_call`]), and [`FORKING`] while a fork waits for them to leave.
+static BASE_CALLS: AtomicU64 = AtomicU64::new(0);
+const FORKING: u64 = 1 << 63;
 
 /// The generation engines are created in now (changes in a forked child).
 #[inline]
@@ -197,6 +202,113 @@ fn install_hooks() {
     });
 }
 
+/// A call into the base VFS that may take one of its per-file mutexes: the unix VFS's lock,
+/// unlock, reserved-lock check, file control, close, open and shared-memory methods take the
+/// file's inode mutex (`unixInodeInfo.pLockMutex`) or its shared-memory mutex around `fcntl`
+/// calls. These mutexes are SQLite's, one per file, out of reach of a fork handler; a child that
+/// opens the same file finds the same inode record, and its first lock waits forever for a
+/// mutex a parent thread held at the fork. So a fork waits for the threads inside such a call
+/// to leave it (`before_fork`), and no thread enters one until the fork is done. Held only
+/// around the base VFS's own method: never nested, nothing else is taken under it.
+pub struct BaseCall(());
+
+#[inline]
+pub fn base_call() -> BaseCall {
+    loop {
+        let now = BASE_CALLS.load(Ordering::Relaxed);
+        if now & FORKING == 0
+            && BASE_CALLS
+                .compare_exchange_weak(now, now + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            return BaseCall(());
+        }
+        if now & FORKING != 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Drop for BaseCall {
+    #[inline]
+    fn drop(&mut self) {
+        BASE_CALLS.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// The process-wide locks (std mutexes, not the engine's) that a forked child's connections
+/// may take: the files closed with their commit log kept, the commit logs mapped, the base
+/// VFS sources' numbers, the core's kept readahead buffers. A fork holds each across `fork`
+/// (`before_fork`), in this order, so that none is held by another thread at that moment: the
+/// child would wait for it forever (as for SQLite's own mutexes). Each is held briefly and
+/// none is taken under another, nor under the engine slot or a base call.
+pub const PROCESS_LOCKS: [(&str, HoldLock); 4] = [
+    ("closed files", crate::vfs::hold_closed_list),
+    ("commit logs", crate::vfs::hold_open_list),
+    ("base sources", crate::vfs::hold_source_ids),
+    ("readahead buffers", bpe_core::hold_large_spares),
+];
+/// Takes one of the [`PROCESS_LOCKS`]; the lock is held until the box is dropped.
+pub type HoldLock = fn() -> Box<dyn Any>;
+
+/// 1 + the index in [`PROCESS_LOCKS`] of the lock a fork is waiting for, 0 if none.
+static FORK_WAITS_FOR: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// The process locks the forking thread holds across its fork (from the prepare handler
+    /// to the parent's or the child's).
+    static HELD_ACROSS_FORK: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+}
+
+fn hold_process_locks() {
+    for (i, (_, hold)) in PROCESS_LOCKS.iter().enumerate() {
+        FORK_WAITS_FOR.store(i + 1, Ordering::Release);
+        let held = hold();
+        HELD_ACROSS_FORK.with(|h| h.borrow_mut().push(held));
+    }
+    FORK_WAITS_FOR.store(0, Ordering::Release);
+}
+
+fn release_process_locks() {
+    let held = HELD_ACROSS_FORK.with(|h| std::mem::take(&mut *h.borrow_mut()));
+    drop(held);
+}
+
+/// Whether a fork is waiting for the lock `name` (one of [`PROCESS_LOCKS`], or "base calls":
+/// calls into the base VFS's locking). Tests: a thread holding one lets it go when a fork waits
+/// for it.
+#[doc(hidden)]
+pub fn fork_waits_for(name: &str) -> bool {
+    if name == "base calls" {
+        return BASE_CALLS.load(Ordering::Relaxed) & FORKING != 0;
+    }
+    let i = FORK_WAITS_FOR.load(Ordering::Acquire);
+    i > 0 && PROCESS_LOCKS[i - 1].0 == name
+}
+
+/// Takes the process lock `name` (tests: a thread holding one while another forks).
+#[doc(hidden)]
+pub fn hold_process_lock(name: &str) -> Box<dyn Any> {
+    let (_, hold) = PROCESS_LOCKS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .unwrap_or_else(|| panic!("no process lock named {name:?}"));
+    hold()
+}
+
+/// Stops new calls into the base VFS's locking and waits (until the deadline) for those under
+/// way to end.
+fn hold_base_calls() {
+    BASE_CALLS.fetch_or(FORKING, Ordering::AcqRel);
+    let deadline = std::time::Instant::now() + MUTEX_DEADLINE;
+    while BASE_CALLS.load(Ordering::Acquire) & !FORKING != 0 {
+        if std::time::Instant::now() >= deadline {
+            return; // forked anyway: as before this gate (a child may hang, as plain SQLite's)
+        }
+        std::thread::yield_now();
+    }
+}
+
 /// SQLite's static mutexes held across a fork, in the order they are taken: SQLite nests its
 /// allocator's innermost, so it comes last (`SQLITE_MUTEX_STATIC_*`: OPEN, PRNG, MAIN, VFS1-3,
 /// LRU, PMEM, MEM).
@@ -246,16 +358,24 @@ extern "C" fn before_fork() {
     EXTENSION_FD.store(fds[0], Ordering::Relaxed);
     EXTENSION_LOCK_FD.store(fds[1], Ordering::Relaxed);
     std::mem::forget(slot);
+    hold_process_locks();
+    // Before SQLite's mutexes: a thread inside a base call may be waiting for one of them.
+    hold_base_calls();
     hold_sqlite_mutexes();
 }
 
 extern "C" fn after_fork_parent() {
     release_sqlite_mutexes();
+    BASE_CALLS.fetch_and(!FORKING, Ordering::AcqRel);
+    release_process_locks();
     SLOT.force_unlock();
 }
 
 extern "C" fn after_fork_child() {
     release_sqlite_mutexes();
+    // The threads that were inside a base call (if the wait gave up) do not exist here.
+    BASE_CALLS.store(0, Ordering::Release);
+    release_process_locks();
     GENERATION.fetch_add(1, Ordering::AcqRel);
     for fd in [
         EXTENSION_FD.swap(-1, Ordering::Relaxed),

@@ -30,6 +30,12 @@
 //! SQLITE_ENABLE_MEMORY_MANAGEMENT) hangs in its first SQLite call, as with plain SQLite (the
 //! control).
 //!
+//! Two deterministic ones for what hung children only under machine load: a thread stopped
+//! inside the unix VFS's lock `fcntl` (holding SQLite's mutex for that file, which the child's
+//! open of the same file takes) while the process forks; and a thread holding each of the
+//! adapter's process-wide locks in turn. Each thread lets go when the fork waits for it (or
+//! once the process has forked, which without the fix is after the child started: it hangs).
+//!
 //! Knobs: `BPE_FORK_CHILDREN=N` forks N children per test (default 60); `BPE_FORK_GDB=1` prints a
 //! hung child's stacks (gdb); `BPE_FORK_HOLD_SQLITE_MUTEXES=1` has the forking thread hold
 //! SQLite's static mutexes across fork() (what an atfork handler could do), to see the hangs that
@@ -424,6 +430,9 @@ fn child_entry() {
         "bpe" => forker(&dir, &journal, std::env::var(BY_ENV).unwrap() == "1", false),
         "plain" => forker(&dir, &journal, false, true),
         "engine" => engine_forker(),
+        "inode" => inode_forker(&dir),
+        "locks" => process_locks_forker(&dir),
+        "log" => commit_log_forker(&dir),
         other => panic!("unknown mode {other}"),
     }
     println!("FORKER DONE");
@@ -738,6 +747,234 @@ fn engine_forker() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// A parent thread inside SQLite's lock of the file at the fork.
+
+/// The next lock `fcntl` of the unix VFS stops there (`held_fcntl`).
+static STOP_IN_FCNTL: AtomicBool = AtomicBool::new(false);
+/// A thread is stopped in `held_fcntl`.
+static IN_FCNTL: AtomicBool = AtomicBool::new(false);
+/// The forking thread has forked: the stopped thread goes on.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// The unix VFS's `fcntl` (its system-call table): a lock call, once asked to, stops until
+/// either the process has forked or a fork waits for calls like it to end. The unix VFS makes
+/// these calls holding the file's inode mutex, so while it is stopped, that mutex is held.
+///
+/// SQLite calls it as `int (*)(int, int, ...)`; its third argument is passed as a fixed one
+/// (the same registers on the platforms this test runs on).
+unsafe extern "C" fn held_fcntl(
+    fd: libc::c_int,
+    cmd: libc::c_int,
+    arg: *mut libc::c_void,
+) -> libc::c_int {
+    if cmd == libc::F_SETLK && STOP_IN_FCNTL.swap(false, SeqCst) {
+        IN_FCNTL.store(true, SeqCst);
+        while !FORKED.load(SeqCst) && !sqlite_bpe::fork_waits_for("base calls") {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    // SAFETY: the call SQLite made, passed on.
+    unsafe { libc::fcntl(fd, cmd, arg) }
+}
+
+/// Forks while another thread is inside the unix VFS's lock call on the database (holding its
+/// inode mutex, as a busy thread of a loaded machine is when it is preempted there); the child
+/// opens a new connection to that database and reads.
+fn inode_forker(dir: &Path) {
+    use rusqlite::ffi::{sqlite3_syscall_ptr, sqlite3_vfs_find};
+    sqlite_bpe::register().expect("register");
+    let db = dir.join("inode.db");
+    let main = connect(&db, false);
+    create_db(&main, "DELETE");
+    check_row(&main, 1).unwrap();
+    // SAFETY: the unix VFS is registered for the process's life; the replacement has the
+    // calling convention SQLite uses for fcntl (see held_fcntl).
+    unsafe {
+        let unix = sqlite3_vfs_find(c"unix".as_ptr());
+        assert!(!unix.is_null());
+        let set = (*unix).xSetSystemCall.expect("xSetSystemCall");
+        let hook: sqlite3_syscall_ptr = Some(std::mem::transmute::<
+            unsafe extern "C" fn(libc::c_int, libc::c_int, *mut libc::c_void) -> libc::c_int,
+            unsafe extern "C" fn(),
+        >(held_fcntl));
+        assert_eq!(set(unix, c"fcntl".as_ptr(), hook), 0);
+    }
+    let child = std::thread::scope(|s| {
+        let busy = s.spawn(|| {
+            let c = connect(&db, false);
+            STOP_IN_FCNTL.store(true, SeqCst);
+            // Its shared lock is the file's first: an fcntl under the inode mutex.
+            c.execute_batch("BEGIN IMMEDIATE; COMMIT").unwrap();
+        });
+        while !IN_FCNTL.load(SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: fork; the child runs only this thread's code and ends with exit().
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: as in fork_children.
+            unsafe { libc::alarm(CHILD_ALARM_S) };
+            let fresh = connect(&db, false);
+            let code = match check_rows(&fresh, &mut StdRng::seed_from_u64(1), 10) {
+                Ok(()) => EXIT_OK,
+                Err(e) => {
+                    raw_say(&format!("child: {e}"));
+                    EXIT_FAILED
+                }
+            };
+            // SAFETY: ends the child as a normal exit does.
+            unsafe { libc::exit(code) };
+        }
+        FORKED.store(true, SeqCst);
+        busy.join().unwrap();
+        pid
+    });
+    let mut status = 0;
+    // SAFETY: pid is our child; status is a valid out-pointer.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    if libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGALRM {
+        println!("INODE child HUNG opening a new connection: killed by its watchdog");
+    } else if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == EXIT_OK {
+        println!("INODE child ok");
+    } else {
+        println!("INODE child FAILED: status {status:#x}");
+    }
+    check_rows(&main, &mut StdRng::seed_from_u64(2), 10).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// A parent thread holding one of the adapter's process-wide locks at the fork.
+
+/// For each of the process-wide locks a fork holds across `fork`, forks while another thread
+/// holds it (until the process has forked, or the fork waits for that lock); the child opens a
+/// new connection (its first read maps the commit log), scans the table (readahead buffers),
+/// closes it (the closed files' list), and opens and reads it through a base VFS (the base
+/// sources' numbers). One line per lock: `LOCK <name>: ok` or what went wrong.
+fn process_locks_forker(dir: &Path) {
+    sqlite_bpe::register().expect("register");
+    let db = dir.join("locks.db");
+    let main = connect(&db, false);
+    create_db(&main, "DELETE");
+    check_all(&main).unwrap();
+    for (name, _) in sqlite_bpe::PROCESS_LOCKS {
+        let holding = AtomicBool::new(false);
+        let forked = AtomicBool::new(false);
+        let child = std::thread::scope(|s| {
+            s.spawn(|| {
+                let held = sqlite_bpe::hold_process_lock(name);
+                holding.store(true, SeqCst);
+                while !forked.load(SeqCst) && !sqlite_bpe::fork_waits_for(name) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                drop(held);
+            });
+            while !holding.load(SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // SAFETY: fork; the child runs only this thread's code and ends with exit().
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+            if pid == 0 {
+                // SAFETY: as in fork_children.
+                unsafe { libc::alarm(CHILD_ALARM_S) };
+                let code = match child_uses_process_locks(&db) {
+                    Ok(()) => EXIT_OK,
+                    Err(e) => {
+                        raw_say(&format!("child ({name} held at the fork): {e}"));
+                        EXIT_FAILED
+                    }
+                };
+                // SAFETY: ends the child as a normal exit does.
+                unsafe { libc::exit(code) };
+            }
+            forked.store(true, SeqCst);
+            pid
+        });
+        let mut status = 0;
+        // SAFETY: child is our child; status is a valid out-pointer.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        if libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGALRM {
+            println!("LOCK {name}: the child HUNG, killed by its watchdog");
+        } else if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == EXIT_OK {
+            println!("LOCK {name}: ok");
+        } else {
+            println!("LOCK {name}: the child FAILED, status {status:#x}");
+        }
+    }
+    check_all(&main).unwrap();
+}
+
+fn child_uses_process_locks(db: &Path) -> Result<(), String> {
+    let fresh = connect(db, false);
+    check_all(&fresh)?;
+    drop(fresh);
+    let through_base = Connection::open_with_flags(
+        format!("file:{}?vfs=bpe&bpe_base=unix-none", db.display()),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_URI,
+    )
+    .map_err(|e| format!("open through a base VFS: {e}"))?;
+    check_rows(&through_base, &mut StdRng::seed_from_u64(3), 10)
+}
+
+// ---------------------------------------------------------------------------------------------
+// A child's exit and its parent's commit log.
+
+/// The parent maps the database's commit log (rollback mode); a child that never uses the
+/// database exits normally (its exit handlers run). Then the log must still be at its path,
+/// the same file, and a new process must be able to take the shared lock every user of it
+/// holds without waiting. Prints `LOG ok` or what is wrong.
+fn commit_log_forker(dir: &Path) {
+    use std::os::unix::io::AsRawFd;
+    sqlite_bpe::register().expect("register");
+    let db = dir.join("log.db");
+    let main = connect(&db, false);
+    create_db(&main, "DELETE");
+    check_all(&main).unwrap();
+    let meta = std::fs::metadata(&db).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let log = PathBuf::from(format!(
+        "/dev/shm/sqlite-bpe-{uid}-{}-{}",
+        meta.dev(),
+        meta.ino()
+    ));
+    let before = identity(&log);
+    assert!(
+        before.is_some(),
+        "the parent maps no commit log at {}",
+        log.display()
+    );
+    // SAFETY: fork; the child only exits (its exit handlers run, as any child's do).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // SAFETY: as in fork_children.
+        unsafe {
+            libc::alarm(CHILD_ALARM_S);
+            libc::exit(EXIT_OK)
+        };
+    }
+    let mut status = 0;
+    // SAFETY: pid is our child; status is a valid out-pointer.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "the child: status {status:#x}");
+    let after = identity(&log);
+    let shared_now = std::fs::File::open(&log).ok().is_some_and(|f| {
+        // SAFETY: flock only tries a lock on a descriptor we own.
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) == 0 }
+    });
+    if after != before {
+        println!("LOG removed or replaced by the child's exit: {before:?} then {after:?}");
+    } else if !shared_now {
+        println!("LOG locked exclusively after the child's exit");
+    } else {
+        println!("LOG ok");
+    }
+    check_all(&main).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
 // The tests.
 
 struct Run {
@@ -873,6 +1110,47 @@ fn a_child_forked_while_other_threads_wait_for_the_engine_gets_one() {
         r.describe()
     );
     assert_eq!(r.field("failed"), 0, "{}", r.describe());
+    assert!(r.success, "{}", r.describe());
+}
+
+/// A child forked while another thread was inside SQLite's lock call on the database (holding
+/// the unix VFS's mutex for that file, which the child's new connection to it needs): the fork
+/// waits for that call to end, and the child opens and reads.
+#[test]
+fn a_child_forked_while_a_thread_is_inside_sqlites_file_lock_opens_the_file() {
+    let r = run_forker("inode", "DELETE", false);
+    assert!(
+        r.stdout.contains("INODE child ok"),
+        "the child did not open the database:\n{}",
+        r.describe()
+    );
+    assert!(r.success, "{}", r.describe());
+}
+
+/// A child forked while another thread held one of the adapter's process-wide locks (the
+/// commit logs' list, the closed files', the base sources', the core's readahead buffers'):
+/// the fork waits for each, and the child's connections work.
+#[test]
+fn a_child_forked_while_a_thread_holds_a_process_wide_lock_works() {
+    let r = run_forker("locks", "DELETE", false);
+    for (name, _) in sqlite_bpe::PROCESS_LOCKS {
+        assert!(
+            r.stdout.contains(&format!("LOCK {name}: ok")),
+            "{name}:\n{}",
+            r.describe()
+        );
+    }
+    assert!(r.success, "{}", r.describe());
+}
+
+/// A child's exit leaves its parent's commit log (rollback mode) where it is, with only the
+/// shared locks of its users: the child's copy of the parent's descriptor is the parent's
+/// lock, so an exit handler that took it exclusively took the parent's, removed a log the
+/// parent still writes, and left a new process that opened it first waiting for ever.
+#[test]
+fn a_childs_exit_leaves_its_parents_commit_log_alone() {
+    let r = run_forker("log", "DELETE", false);
+    assert!(r.stdout.contains("LOG ok"), "{}", r.describe());
     assert!(r.success, "{}", r.describe());
 }
 

@@ -72,6 +72,13 @@ pub const READAHEAD_BUFFERS_KEPT_BYTES: usize = LARGE_KEEP * LARGE_BYTES;
 
 static LARGE_SPARES: std::sync::Mutex<Vec<LargeBuf>> = std::sync::Mutex::new(Vec::new());
 
+/// The kept large buffers' lock, taken: a fork handler holds it across `fork` so that a child
+/// never starts with it held by a thread it does not have (its reads would wait for it forever).
+/// Also how a test holds it.
+pub fn hold_large_spares() -> Box<dyn std::any::Any> {
+    Box::new(LARGE_SPARES.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// A [`LARGE_BYTES`] buffer, aligned to its size and asked to be backed by a huge page.
 ///
 /// Why: an O_DIRECT read into scattered 4 KiB pages needs one segment per page, and a block

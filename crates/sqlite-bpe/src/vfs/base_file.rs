@@ -211,9 +211,16 @@ macro_rules! base {
     }};
 }
 
+/// The numbers of (base VFS, path) opened through a base VFS (`source_id`).
+static IDS: Mutex<Option<HashMap<(String, PathBuf), u64>>> = Mutex::new(None);
+
+/// Their lock, taken (held across a fork: see `process::hold_process_locks`).
+pub fn hold_source_ids() -> Box<dyn std::any::Any> {
+    Box::new(IDS.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// A process-wide number for each (base VFS, path) opened through a base VFS.
 fn source_id(base: &str, path: &Path) -> u64 {
-    static IDS: Mutex<Option<HashMap<(String, PathBuf), u64>>> = Mutex::new(None);
     let mut ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
     let ids = ids.get_or_insert_with(HashMap::new);
     let next = ids.len() as u64 + 1;

@@ -68,6 +68,11 @@ const LOGS_KEPT_CLOSED: usize = 4;
 static CLOSED_WITH_LOG: std::sync::Mutex<VecDeque<Weak<FileWatch>>> =
     std::sync::Mutex::new(VecDeque::new());
 
+/// The list's lock, taken (held across a fork: see `process::hold_process_locks`).
+pub fn hold_closed_list() -> Box<dyn std::any::Any> {
+    Box::new(CLOSED_WITH_LOG.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// What this process knows of one database file, shared by all its connections to it.
 pub struct FileWatch {
     state: Mutex<Watch>,

@@ -9,7 +9,7 @@
 
 use super::change_detect::FileWatch;
 use super::replica_pos::ReplicaPos;
-use super::unix_file::{self, unix, UnixFile};
+use super::unix_file::{self, unix, unix_locking, UnixFile};
 use super::wal_view::{self, WalLocks, WalToken};
 use crate::api;
 use crate::ffi::guard;
@@ -216,7 +216,10 @@ pub unsafe fn close_real(real: *mut sqlite3_file) -> c_int {
     // SAFETY: forwarded contract.
     unsafe {
         match (*real).pMethods.as_ref().and_then(|m| m.xClose) {
-            Some(close) => close(real),
+            Some(close) => {
+                let _call = crate::process::base_call();
+                close(real)
+            }
             None => SQLITE_OK,
         }
     }
@@ -541,7 +544,7 @@ unsafe extern "C" fn file_size(f: *mut sqlite3_file, size: *mut i64) -> c_int {
 
 unsafe extern "C" fn lock(f: *mut sqlite3_file, level: c_int) -> c_int {
     method!(f, SQLITE_IOERR_LOCK, "xLock", |conn, real| {
-        let rc = unix!(real, xLock, level);
+        let rc = unix_locking!(real, xLock, level);
         if rc == SQLITE_OK
             && level == SQLITE_LOCK_SHARED
             && conn.lock == SQLITE_LOCK_NONE
@@ -553,7 +556,7 @@ unsafe extern "C" fn lock(f: *mut sqlite3_file, level: c_int) -> c_int {
             if read != SQLITE_OK && read != SQLITE_IOERR_SHORT_READ {
                 // The check could not be made: the read transaction cannot begin (as it could
                 // not if SQLite's own read of these bytes failed).
-                unix!(real, xUnlock, SQLITE_LOCK_NONE);
+                unix_locking!(real, xUnlock, SQLITE_LOCK_NONE);
                 return read;
             }
             let header = (read == SQLITE_OK).then_some(header);
@@ -596,7 +599,7 @@ unsafe extern "C" fn unlock(f: *mut sqlite3_file, level: c_int) -> c_int {
                 .map(|before| (before, pages.as_slice(), truncated));
             conn.watch.wrote(&conn.handle, commit);
         }
-        let rc = unix!(real, xUnlock, level);
+        let rc = unix_locking!(real, xUnlock, level);
         if rc == SQLITE_OK {
             conn.lock = level;
             if level == SQLITE_LOCK_NONE {
@@ -616,7 +619,7 @@ unsafe extern "C" fn check_reserved_lock(f: *mut sqlite3_file, out: *mut c_int) 
         f,
         SQLITE_IOERR_CHECKRESERVEDLOCK,
         "xCheckReservedLock",
-        |_conn, real| { unix!(real, xCheckReservedLock, out) }
+        |_conn, real| { unix_locking!(real, xCheckReservedLock, out) }
     )
 }
 
@@ -640,7 +643,7 @@ unsafe extern "C" fn file_control(f: *mut sqlite3_file, op: c_int, arg: *mut c_v
         if op == SQLITE_FCNTL_MMAP_SIZE {
             return conn.set_mmap_limit(real, arg as *mut i64);
         }
-        unix!(real, xFileControl, op, arg)
+        unix_locking!(real, xFileControl, op, arg)
     })
 }
 
@@ -692,7 +695,7 @@ unsafe extern "C" fn shm_map(
         if region == 0 && conn.shm0.is_null() && shm_is_the_extension(conn) {
             return SQLITE_IOERR_SHMOPEN;
         }
-        let rc = unix!(real, xShmMap, region, size, extend, out);
+        let rc = unix_locking!(real, xShmMap, region, size, extend, out);
         // SAFETY: on success *out is the mapping (or NULL if not extended).
         if rc == SQLITE_OK && region == 0 && unsafe { !(*out).is_null() } {
             // SAFETY: as above: *out was just set by the unix VFS.
@@ -749,7 +752,7 @@ unsafe extern "C" fn shm_lock(
             // Account for what we did under the lock before anyone else can take it.
             conn.wal_lock(real, guarded, false);
         }
-        let rc = unix!(real, xShmLock, offset, n, flags);
+        let rc = unix_locking!(real, xShmLock, offset, n, flags);
         if rc != SQLITE_OK || flags & SQLITE_SHM_LOCK == 0 {
             return rc;
         }
@@ -833,7 +836,7 @@ impl Conn {
     fn rewrite_lost_header(&mut self, real: *mut sqlite3_file, seen: &[u8; 48]) {
         bpe_core::pause::point(bpe_core::pause::LOST_HEADER_SEEN);
         let exclusive = SQLITE_SHM_LOCK | SQLITE_SHM_EXCLUSIVE;
-        if unix!(real, xShmLock, WAL_WRITE_LOCK, 1, exclusive) != SQLITE_OK {
+        if unix_locking!(real, xShmLock, WAL_WRITE_LOCK, 1, exclusive) != SQLITE_OK {
             return;
         }
         bpe_core::pause::point(bpe_core::pause::LOST_HEADER_LOCKED);
@@ -841,7 +844,7 @@ impl Conn {
         // its read mark; we hold the WAL write lock, so no SQLite writer writes the header.
         let written = unsafe { wal_view::bump_change(self.shm0, seen) };
         let unlock = SQLITE_SHM_UNLOCK | SQLITE_SHM_EXCLUSIVE;
-        unix!(real, xShmLock, WAL_WRITE_LOCK, 1, unlock);
+        unix_locking!(real, xShmLock, WAL_WRITE_LOCK, 1, unlock);
         if written {
             api::log(
                 SQLITE_NOTICE,
@@ -1026,7 +1029,7 @@ unsafe extern "C" fn shm_unmap(f: *mut sqlite3_file, delete: c_int) -> c_int {
         if delete != 0 {
             conn.watch.wal_deleted();
         }
-        unix!(real, xShmUnmap, delete)
+        unix_locking!(real, xShmUnmap, delete)
     })
 }
 

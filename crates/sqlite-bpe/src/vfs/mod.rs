@@ -59,6 +59,10 @@ mod scope;
 mod unix_file;
 mod wal_view;
 
+pub use base_file::hold_source_ids;
+pub use change_detect::hold_closed_list;
+pub use peer_log::hold_open_list;
+
 use crate::api;
 use libsqlite3_sys::{
     sqlite3_file, sqlite3_vfs, SQLITE_CANTOPEN, SQLITE_IOERR, SQLITE_OK, SQLITE_OPEN_MAIN_DB,
@@ -188,8 +192,12 @@ unsafe fn open_inner(
     } else {
         f
     };
-    // SAFETY: real has room for the unix file; the unix VFS fills it.
-    let rc = unsafe { unix_open(unix, name, real, flags, out_flags) };
+    let rc = {
+        // The unix VFS's open may take the inode's mutex (a descriptor to reuse).
+        let _call = crate::process::base_call();
+        // SAFETY: real has room for the unix file; the unix VFS fills it.
+        unsafe { unix_open(unix, name, real, flags, out_flags) }
+    };
     if rc != SQLITE_OK {
         return rc;
     }

@@ -56,8 +56,16 @@ struct Entry {
     value: AtomicU32,
 }
 
-/// The logs this process has mapped (path, descriptor), for the exit handler.
-static OPEN: std::sync::Mutex<Vec<(PathBuf, i32)>> = std::sync::Mutex::new(Vec::new());
+/// The logs this process has mapped (path, descriptor, the process that opened it), for the
+/// exit handler. A forked child inherits its parent's entries: their descriptors are copies of
+/// the parent's, sharing its lock (a flock belongs to the open file, not the descriptor), so the
+/// child never locks or removes through them.
+static OPEN: std::sync::Mutex<Vec<(PathBuf, i32, u32)>> = std::sync::Mutex::new(Vec::new());
+
+/// The list's lock, taken (held across a fork: see `process::hold_process_locks`).
+pub fn hold_open_list() -> Box<dyn std::any::Any> {
+    Box::new(OPEN.lock().unwrap_or_else(|e| e.into_inner()))
+}
 
 /// Once per process: removes this user's logs that killed processes left (`remove_unused`: a
 /// directory listing and a try-lock per log, at load), and at exit this process's own that no
@@ -81,7 +89,8 @@ extern "C" fn remove_unused_at_exit() {
         Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
         Err(std::sync::TryLockError::WouldBlock) => return,
     };
-    for (path, fd) in open.iter() {
+    let me = std::process::id();
+    for (path, fd, _) in open.iter().filter(|(_, _, opener)| *opener == me) {
         // SAFETY: fd is open while listed; flock only tries the lock.
         if unsafe { libc::flock(*fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
             let _ = std::fs::remove_file(path);
@@ -135,6 +144,8 @@ pub struct PeerLog {
     map: *mut u8,
     file: std::fs::File,
     path: PathBuf,
+    /// The process that opened it (a forked child's copy is its parent's: see [`OPEN`]).
+    opener: u32,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics; the pointer and the file
@@ -277,6 +288,7 @@ impl PeerLog {
             map: map as *mut u8,
             file,
             path,
+            opener: std::process::id(),
         };
         let h = log.header();
         if alone {
@@ -296,9 +308,11 @@ impl PeerLog {
             && h.dev.load(Ordering::Relaxed) == identity.dev
             && h.ino.load(Ordering::Relaxed) == identity.ino;
         if valid {
-            OPEN.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push((log.path.clone(), log.file.as_raw_fd()));
+            OPEN.lock().unwrap_or_else(|e| e.into_inner()).push((
+                log.path.clone(),
+                log.file.as_raw_fd(),
+                log.opener,
+            ));
         }
         valid.then_some(log)
     }
@@ -427,11 +441,12 @@ impl Drop for PeerLog {
         let fd = self.file.as_raw_fd();
         OPEN.lock()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|(_, f)| *f != fd);
+            .retain(|(_, f, _)| *f != fd);
         // SAFETY: unmaps exactly what open() mapped; nothing refers to it after this.
         unsafe { libc::munmap(self.map as *mut libc::c_void, SIZE) };
-        // The last user removes it (no other process holds its shared lock).
-        if flock(&self.file, libc::LOCK_EX | libc::LOCK_NB) {
+        // The last user removes it (no other process holds its shared lock). A forked child's
+        // copy holds its parent's lock: taking it exclusively would take the parent's.
+        if self.opener == std::process::id() && flock(&self.file, libc::LOCK_EX | libc::LOCK_NB) {
             remove_if_ours(&self.path, &self.file);
         }
     }

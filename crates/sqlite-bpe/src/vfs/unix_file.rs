@@ -17,6 +17,16 @@ macro_rules! unix {
 }
 pub(crate) use unix;
 
+/// As [`unix!`], for the methods that may take one of the unix VFS's per-file mutexes (locks,
+/// shared memory, close): the call is one a fork waits for (`process::base_call`).
+macro_rules! unix_locking {
+    ($real:expr, $m:ident $(, $arg:expr)*) => {{
+        let _call = crate::process::base_call();
+        $crate::vfs::unix_file::unix!($real, $m $(, $arg)*)
+    }};
+}
+pub(crate) use unix_locking;
+
 /// An SQLite result code carried through an `io::Error`, so that the code SQLite's own method
 /// returned reaches the application unchanged.
 #[derive(Debug)]

@@ -6,7 +6,7 @@
 //! writing the header for a LiteFS replica's lost one (`bump_change`, under the WAL write lock). `change_detect.rs` decides when
 //! to look and forgets what a look found.
 
-use super::unix_file::unix;
+use super::unix_file::unix_locking;
 use crate::api;
 use libsqlite3_sys::{sqlite3_file, SQLITE_OK};
 use std::ffi::{c_int, c_void};
@@ -441,7 +441,7 @@ pub(super) unsafe fn wal_frame_pages(
             Some((r, p)) if r == region => p,
             _ => {
                 let mut p: *mut c_void = std::ptr::null_mut();
-                let rc = unix!(real, xShmMap, region as c_int, WALINDEX_PGSZ, 0, &mut p);
+                let rc = unix_locking!(real, xShmMap, region as c_int, WALINDEX_PGSZ, 0, &mut p);
                 if rc != SQLITE_OK || p.is_null() {
                     return None;
                 }
