@@ -10,7 +10,7 @@
 //! | `BPE_EXTENSION_SHARED` | `0` to make an extension enabled without saying (`SHARED = ON|OFF` of the ON statement says) this process's own: refused while another process uses its path, checkpointed into its file so that even a reboot restarts warm (default `1`: shared with the other processes of this user that enable one at the same path, one ring and one index in shared memory for all of them; see docs/DESIGN.md) |
 //! | `BPE_DIRECT_IO` | `0` to read data files through the OS page cache (default `1`) |
 //! | `BPE_READAHEAD` | `0` to turn readahead off (default `1`) |
-//! | `BPE_WRITE_BEHIND` | `0` to write every page to the database file at once; by default a writer in rollback mode keeps its page writes in RAM until its sync or unlock, and a page SQLite spills many times in one transaction reaches the file once (default `1`) |
+//! | `BPE_WRITE_BEHIND` | `1` to let a writer in rollback mode keep its page writes in RAM until its sync or unlock, so that a page SQLite spills many times in one transaction reaches the file once; the pages SQLite wrote are then not in the file for a raw reader (a file copy, a size check) after `sqlite3_db_cacheflush` or a cache spill, as they would be with stock SQLite. By default every page goes to the database file at once (default `0`; see docs/SQLITE.md, "Write-behind") |
 //! | `BPE_LARGE_PAGES` | `0` to keep L1's page bytes on the kernel's 4 KiB pages; by default they are advised for transparent huge pages (`MADV_HUGEPAGE`), so that a hit rarely misses the TLB (default `1`; no effect where the kernel's `transparent_hugepage` is `never`) |
 //! | `BPE_DATA_LATENCY_US`, `BPE_DATA_WRITE_LATENCY_US`, `BPE_DATA_SYNC_LATENCY_US` | emulate a slow data device (benchmarks only): microseconds per read, per write, per sync (at most 1 s) |
 //! | `BPE_DATA_READ_MBPS`, `BPE_DATA_WRITE_MBPS` | its bandwidth in MB/s (10^6 bytes; 0 or unset: unlimited, else at least 1): a request takes its latency plus its size / bandwidth |
@@ -175,7 +175,12 @@ fn extension_path(path: &str) -> Result<PathBuf, String> {
 
 impl EnvConfig {
     pub fn from_env() -> Result<EnvConfig, String> {
-        let mut config = Config::default();
+        let mut config = Config {
+            // Opt-in: SQLite's page writes outside a commit (`sqlite3_db_cacheflush`, cache
+            // spills) are in the file when it returns, for anyone who reads the file itself.
+            write_behind: false,
+            ..Config::default()
+        };
         if let Some(v) = var("BPE_MAX_SERVER_MEMORY_MB") {
             let mb = number("BPE_MAX_SERVER_MEMORY_MB", &v)?;
             let bytes = mb

@@ -338,6 +338,12 @@ fn spawn_child(
         .env("BPE_EXTENSION_FILE", ext)
         .env("BPE_EXTENSION_SIZE", EXT_SIZE)
         .env("BPE_EXTENSION_CHECKPOINT_MS", "50")
+        // Half the children keep rollback-mode page writes in RAM until the sync or unlock
+        // (write-behind, opt-in), half write them through.
+        .env(
+            "BPE_WRITE_BEHIND",
+            if seed.is_multiple_of(2) { "1" } else { "0" },
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -3,6 +3,10 @@
 //! lock and writes each once at the sync or the unlock. What must hold: a plain SQLite reader
 //! (the unix VFS, which bpe does not serve) sees every committed row the moment the lock is
 //! gone, with or without a sync; a rolled-back or killed transaction leaves the old rows.
+//!
+//! Write-behind is opt-in (`BPE_WRITE_BEHIND=1`): this test binary turns it on for its whole
+//! process, and for its children. `raw_file.rs` covers the default, where the pages SQLite
+//! writes are in the file at once.
 
 mod common;
 use common::*;
@@ -16,10 +20,15 @@ const ROWS: i64 = 2000;
 const CHILD: &str = "WRITE_BEHIND_CHILD";
 const CHILD_DB: &str = "WRITE_BEHIND_DB";
 
-/// The engine's counters are the process's: one test at a time.
+/// The engine's counters are the process's: one test at a time. The first also turns
+/// write-behind on, before the engine reads its settings (every test takes this lock before
+/// it opens a connection, so no other thread reads the environment meanwhile).
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    static OPT_IN: std::sync::Once = std::sync::Once::new();
+    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    OPT_IN.call_once(|| std::env::set_var("BPE_WRITE_BEHIND", "1"));
+    guard
 }
 
 fn value(id: i64, version: i64) -> Vec<u8> {
@@ -203,6 +212,7 @@ fn child_entry() {
 fn spilling_child(mode: &str, path: &Path) -> (std::process::Child, u64) {
     let mut child = child_command(CHILD, mode)
         .env(CHILD_DB, path)
+        .env("BPE_WRITE_BEHIND", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -1,7 +1,13 @@
-//! A database file's descriptors: one read with O_DIRECT, so the OS page cache does not stand in
-//! for our tiers, and one buffered, for writes (made durable by the caller's sync at commit,
-//! exactly as without us), sizes and stamps. Linux keeps the two coherent: a direct read first
-//! writes back any dirty cached range.
+//! A database file's descriptors: one opened with O_DIRECT where the file system allows it, so
+//! that the OS page cache does not stand in for our tiers (also used for sizes, stamps,
+//! truncation and syncs, which O_DIRECT does not change), and one buffered, for writes (made
+//! durable by the caller's sync at commit, exactly as without us) and reads through the OS page
+//! cache. Linux keeps the two coherent: a direct read first writes back any dirty cached range.
+//!
+//! The buffered one is opened only when first needed: a caller that brings its own descriptor
+//! for those (SQLite's, see `engine::Via`) never needs it, and a database open through SQLite
+//! then costs one descriptor beside SQLite's own, not two (an application with a database per
+//! tenant runs out of descriptors that much later).
 //!
 //! Callers that reach the file through a descriptor of their own (SQLite) pass `/proc/self/fd/N`
 //! as the name to open: the descriptors then lead to the caller's file, whatever the path names
@@ -102,8 +108,11 @@ impl FileStamp {
 
 pub struct DataFile {
     path: PathBuf,
-    direct: Option<File>,
-    buffered: File,
+    /// Opened with O_DIRECT if `main_is_direct`, else buffered (and then the only one).
+    main: File,
+    main_is_direct: bool,
+    /// The buffered descriptor where `main` is O_DIRECT, opened at its first use.
+    buffered: std::sync::OnceLock<File>,
     identity: FileIdentity,
     /// Serializes writes: a sub-block write and a block write to the same block must not interleave.
     write_lock: crate::sync::Mutex<()>,
@@ -114,62 +123,83 @@ pub struct DataFile {
 
 impl DataFile {
     /// Opens `open_from` (named `path` in messages) read-write, or read-only where writing is
-    /// refused. With `want_direct`, also opens it with O_DIRECT; where the file system refuses
-    /// (tmpfs on older kernels), reads fall back to the buffered descriptor.
+    /// refused: with O_DIRECT if `want_direct` and the file system allows it (tmpfs on older
+    /// kernels refuses; reads then go through the OS page cache). One descriptor: the buffered
+    /// one waits for its first use (see `buffered`).
     pub fn open(path: &Path, open_from: &Path, want_direct: bool) -> Result<DataFile> {
         let open_err = |source| Error::OpenData {
             path: path.to_path_buf(),
             source,
         };
-        let buffered = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(open_from)
-            .or_else(|_| {
-                OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_CLOEXEC)
-                    .open(open_from)
-            })
-            .map_err(open_err)?;
-        let identity = FileIdentity::of_file(&buffered).map_err(open_err)?;
-        let direct = if want_direct {
-            match OpenOptions::new()
+        let open = |direct: bool, write: bool| {
+            let flags = libc::O_CLOEXEC | if direct { libc::O_DIRECT } else { 0 };
+            OpenOptions::new()
                 .read(true)
-                .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+                .write(write)
+                .custom_flags(flags)
                 .open(open_from)
-            {
-                // Both from one name: still check they are one file.
-                Ok(f) if FileIdentity::of_file(&f).ok() == Some(identity) => Some(f),
-                Ok(other) => {
-                    // Never closed: closing a descriptor of a file this process has locks on
-                    // (the other file may be one of its databases) would drop those locks.
-                    std::mem::forget(other);
-                    std::mem::forget(buffered);
-                    return Err(open_err(std::io::Error::other(
-                        "the file was replaced while it was being opened (renamed in between)",
-                    )));
-                }
+        };
+        // Read-write, or read-only where writing is refused.
+        let open_rw = |direct: bool| open(direct, true).or_else(|_| open(direct, false));
+        let (main, main_is_direct) = if want_direct {
+            match open_rw(true) {
+                Ok(f) => (f, true),
                 Err(e) => {
+                    let buffered = open_rw(false).map_err(open_err)?;
                     log::warn!(
                         "{}: O_DIRECT refused ({e}); reading through the OS page cache",
                         path.display()
                     );
-                    None
+                    (buffered, false)
                 }
             }
         } else {
-            None
+            (open_rw(false).map_err(open_err)?, false)
         };
+        let identity = FileIdentity::of_file(&main).map_err(open_err)?;
         Ok(DataFile {
             path: path.to_path_buf(),
-            direct,
-            buffered,
+            main,
+            main_is_direct,
+            buffered: std::sync::OnceLock::new(),
             identity,
             write_lock: crate::sync::Mutex::new(crate::sync::Rank::Leaf, ()),
             through_os_cache: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// The buffered descriptor, opened now if this is its first use: the same open file as
+    /// `main` (through /proc/self/fd, so a rename or an unlink since does not matter).
+    fn buffered(&self) -> std::io::Result<&File> {
+        if !self.main_is_direct {
+            return Ok(&self.main);
+        }
+        if let Some(f) = self.buffered.get() {
+            return Ok(f);
+        }
+        let from = PathBuf::from(format!("/proc/self/fd/{}", self.main.as_raw_fd()));
+        let open = |write: bool| {
+            OpenOptions::new()
+                .read(true)
+                .write(write)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&from)
+        };
+        let f = open(true).or_else(|_| open(false))?;
+        if FileIdentity::of_file(&f)? != self.identity {
+            // Never closed: closing a descriptor of a file this process has locks on would
+            // drop those locks.
+            std::mem::forget(f);
+            return Err(std::io::Error::other(
+                "/proc/self/fd leads to another file than the open one",
+            ));
+        }
+        // Two threads may both open one at the first use: the loser's stays open, unused (as
+        // above, a close could drop this process's locks on the file).
+        if let Err(extra) = self.buffered.set(f) {
+            std::mem::forget(extra);
+        }
+        Ok(self.buffered.get().expect("set above"))
     }
 
     pub fn path(&self) -> &Path {
@@ -182,12 +212,12 @@ impl DataFile {
 
     /// True when reads bypass the OS page cache.
     pub fn is_direct(&self) -> bool {
-        self.direct.is_some() && !self.follows_os_cache()
+        self.main_is_direct && !self.follows_os_cache()
     }
 
     /// Reads through the OS page cache (`on`) or with O_DIRECT again; true if that changed.
     pub fn follow_os_cache(&self, on: bool) -> bool {
-        self.direct.is_some() && self.through_os_cache.swap(on, Relaxed) != on
+        self.main_is_direct && self.through_os_cache.swap(on, Relaxed) != on
     }
 
     pub fn follows_os_cache(&self) -> bool {
@@ -203,7 +233,7 @@ impl DataFile {
 
     /// Current size of the file in bytes.
     pub fn size(&self) -> Result<u64> {
-        self.buffered
+        self.main
             .metadata()
             .map(|m| m.len())
             .map_err(|e| self.io_err(e))
@@ -217,7 +247,7 @@ impl DataFile {
         // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: the descriptor is open for `self`'s life, and `st` is writable.
-        if unsafe { libc::fstat(self.buffered.as_raw_fd(), &mut st) } != 0 {
+        if unsafe { libc::fstat(self.main.as_raw_fd(), &mut st) } != 0 {
             return Err(self.io_err(std::io::Error::last_os_error()));
         }
         Ok(FileStamp {
@@ -235,7 +265,7 @@ impl DataFile {
     /// existed before end of file; the rest of `buf` is zero-filled. None if the file has no
     /// O_DIRECT descriptor.
     pub fn read_direct(&self, offset: u64, buf: &mut [u8]) -> Option<std::io::Result<usize>> {
-        let direct = self.direct.as_ref()?;
+        let direct = self.main_is_direct.then_some(&self.main)?;
         let align = DIRECT_IO_ALIGN as u64;
         let start = round_down(offset, align);
         let end = round_up((offset + buf.len() as u64) as usize, DIRECT_IO_ALIGN) as u64;
@@ -256,28 +286,23 @@ impl DataFile {
     /// block stays: it holds the header that every read transaction checks (SQLite's change
     /// counter), and the page cache is where that check costs no device round trip.
     pub fn release_os_cache(&self) {
-        if self.direct.is_some() {
+        if self.main_is_direct {
             let header = crate::config::DIRECT_IO_ALIGN as libc::off_t;
             // SAFETY: the descriptor is open; fadvise only drops clean cached pages of this
             // file (length 0: to its end).
             unsafe {
-                libc::posix_fadvise(
-                    self.buffered.as_raw_fd(),
-                    header,
-                    0,
-                    libc::POSIX_FADV_DONTNEED,
-                )
+                libc::posix_fadvise(self.main.as_raw_fd(), header, 0, libc::POSIX_FADV_DONTNEED)
             };
         }
     }
 
     pub fn truncate(&self, len: u64) -> Result<()> {
         let _serial = self.write_lock.lock();
-        self.buffered.set_len(len).map_err(|e| self.io_err(e))
+        self.main.set_len(len).map_err(|e| self.io_err(e))
     }
 
     pub fn sync(&self) -> Result<()> {
-        self.buffered.sync_data().map_err(|e| self.io_err(e))?;
+        self.main.sync_data().map_err(|e| self.io_err(e))?;
         self.release_os_cache();
         Ok(())
     }
@@ -291,13 +316,13 @@ impl DataDevice for DataFile {
                 return r;
             }
         }
-        let n = read_full(&self.buffered, offset, buf)?;
+        let n = read_full(self.buffered()?, offset, buf)?;
         buf[n..].fill(0);
         Ok(n)
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
         let _serial = self.write_lock.lock();
-        self.buffered.write_all_at(data, offset)
+        self.buffered()?.write_all_at(data, offset)
     }
 }

@@ -15,7 +15,10 @@
 //! The log is a 64 KiB file in /dev/shm named after the user and the database's (device,
 //! inode), mode 0600, refused if it is anyone else's. The first process to map it (it gets an
 //! exclusive flock) initializes it with a random epoch; every user holds a shared flock while it
-//! has it mapped. Entries are written seqlock-style (sequence number last) so a reader never
+//! has it mapped. The descriptor is closed once the log is mapped: the mapping keeps the open
+//! file, and with it the flock, until it is unmapped (a flock belongs to the open file, which
+//! lives as long as a descriptor or a mapping refers to it), so a database costs no descriptor
+//! for its log. Entries are written seqlock-style (sequence number last) so a reader never
 //! takes a half-written entry for a whole one.
 
 use bpe_core::own_file::{self, Access};
@@ -56,11 +59,12 @@ struct Entry {
     value: AtomicU32,
 }
 
-/// The logs this process has mapped (path, descriptor, the process that opened it), for the
-/// exit handler. A forked child inherits its parent's entries: their descriptors are copies of
-/// the parent's, sharing its lock (a flock belongs to the open file, not the descriptor), so the
-/// child never locks or removes through them.
-static OPEN: std::sync::Mutex<Vec<(PathBuf, i32, u32)>> = std::sync::Mutex::new(Vec::new());
+/// The logs this process has mapped (path, address of the mapping), for the exit handler. A
+/// forked child inherits its parent's mappings, and with them its parent's shared flock (a
+/// flock belongs to the open file, which the mapping holds): the child's cleanup tries the
+/// lock on a descriptor of its own, which the parent's lock refuses, so it never removes a log
+/// its parent still maps.
+static OPEN: std::sync::Mutex<Vec<(PathBuf, usize)>> = std::sync::Mutex::new(Vec::new());
 
 /// The list's lock, taken (held across a fork: see `process::hold_process_locks`).
 pub fn hold_open_list() -> Box<dyn std::any::Any> {
@@ -89,12 +93,33 @@ extern "C" fn remove_unused_at_exit() {
         Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
         Err(std::sync::TryLockError::WouldBlock) => return,
     };
-    let me = std::process::id();
-    for (path, fd, _) in open.iter().filter(|(_, _, opener)| *opener == me) {
-        // SAFETY: fd is open while listed; flock only tries the lock.
-        if unsafe { libc::flock(*fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            let _ = std::fs::remove_file(path);
-        }
+    for (path, map) in open.iter() {
+        // The mapping is what holds this process's shared flock: it is replaced, in one step,
+        // by zeroed private memory (a thread still running reads zeros, never a hole: readers
+        // then find no chain and forget the file, writers write into memory nobody reads).
+        // SAFETY: the range is exactly a mapping open() made and Drop has not unmapped (it is
+        // listed); MAP_FIXED replaces it and nothing else.
+        unsafe {
+            libc::mmap(
+                *map as *mut libc::c_void,
+                SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        remove_if_unused(path);
+    }
+}
+
+/// Removes the log at `path` if no process maps it (nobody holds its flock).
+fn remove_if_unused(path: &std::path::Path) {
+    let Ok(file) = own_file::open(path, Access::Inspect) else {
+        return;
+    };
+    if flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+        remove_if_ours(path, &file);
     }
 }
 
@@ -141,11 +166,9 @@ pub fn remove_unused() {
 
 /// One mapping of a database's log.
 pub struct PeerLog {
+    /// The mapping, which also holds the shared flock (its descriptor is closed).
     map: *mut u8,
-    file: std::fs::File,
     path: PathBuf,
-    /// The process that opened it (a forked child's copy is its parent's: see [`OPEN`]).
-    opener: u32,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics; the pointer and the file
@@ -286,9 +309,7 @@ impl PeerLog {
         }
         let log = PeerLog {
             map: map as *mut u8,
-            file,
             path,
-            opener: std::process::id(),
         };
         let h = log.header();
         if alone {
@@ -302,17 +323,17 @@ impl PeerLog {
             h.head.store(0, Ordering::Relaxed);
             h.epoch.store(random_epoch(), Ordering::Relaxed);
             h.magic.store(MAGIC, Ordering::Release);
-            flock(&log.file, libc::LOCK_SH);
+            flock(&file, libc::LOCK_SH);
         }
+        // The mapping holds the open file and its shared flock from here.
+        drop(file);
         let valid = h.magic.load(Ordering::Acquire) == MAGIC
             && h.dev.load(Ordering::Relaxed) == identity.dev
             && h.ino.load(Ordering::Relaxed) == identity.ino;
         if valid {
-            OPEN.lock().unwrap_or_else(|e| e.into_inner()).push((
-                log.path.clone(),
-                log.file.as_raw_fd(),
-                log.opener,
-            ));
+            OPEN.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((log.path.clone(), log.map as usize));
         }
         valid.then_some(log)
     }
@@ -438,17 +459,15 @@ impl PeerLog {
 
 impl Drop for PeerLog {
     fn drop(&mut self) {
-        let fd = self.file.as_raw_fd();
+        let map = self.map as usize;
         OPEN.lock()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|(_, f, _)| *f != fd);
-        // SAFETY: unmaps exactly what open() mapped; nothing refers to it after this.
+            .retain(|(_, m)| *m != map);
+        // SAFETY: unmaps exactly what open() mapped; nothing refers to it after this. With the
+        // mapping goes this process's shared flock.
         unsafe { libc::munmap(self.map as *mut libc::c_void, SIZE) };
-        // The last user removes it (no other process holds its shared lock). A forked child's
-        // copy holds its parent's lock: taking it exclusively would take the parent's.
-        if self.opener == std::process::id() && flock(&self.file, libc::LOCK_EX | libc::LOCK_NB) {
-            remove_if_ours(&self.path, &self.file);
-        }
+        // The last user removes it (no other process holds its shared lock).
+        remove_if_unused(&self.path);
     }
 }
 
@@ -502,7 +521,9 @@ mod tests {
     fn the_log_is_reserved_before_it_is_mapped() {
         let reserved = |f: &std::fs::File| f.metadata().unwrap().blocks() * 512;
         let a = PeerLog::open(identity(3)).expect("/dev/shm");
-        assert!(reserved(&a.file) >= SIZE as u64, "the creator reserves it");
+        let file = own_file::open(&a.path, Access::Inspect).unwrap();
+        assert!(reserved(&file) >= SIZE as u64, "the creator reserves it");
+        drop(file);
         drop(a);
         // An older creator's log: sized, not reserved, its creator still holding it.
         let path = log_path(identity(4));
@@ -517,6 +538,28 @@ mod tests {
         if sparse {
             assert!(joined >= SIZE as u64, "the joiner reserves it");
         }
+    }
+
+    /// The mapping, not a descriptor, holds the log in use: none is left open, and while it
+    /// is mapped no sweeper can take its exclusive lock.
+    #[test]
+    fn a_mapped_log_holds_its_lock_without_a_descriptor() {
+        let path = log_path(identity(5));
+        let fds = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter(|e| std::fs::read_link(e.as_ref().unwrap().path()).is_ok_and(|l| l == path))
+                .count()
+        };
+        let a = PeerLog::open(identity(5)).expect("/dev/shm");
+        assert_eq!(fds(), 0, "a descriptor of the log is open");
+        let other = own_file::open(&path, Access::Inspect).unwrap();
+        assert!(
+            !flock(&other, libc::LOCK_EX | libc::LOCK_NB),
+            "not marked in use"
+        );
+        drop(a);
+        assert!(!path.exists(), "the last user removes it");
     }
 
     #[test]
