@@ -17,6 +17,12 @@
 # fresh target directory covers that, for a few minutes of tests instead of the suite twice.
 # Only arguments are added to the test command; the command itself is the README's, unchanged.
 #
+# Then, in the same clone and target directory, what a newcomer does next: the README's `sh`
+# block (the stock sqlite3 shell, finding the library where cargo put it), and the Node and Go
+# packages' lookup of the library (Node's loader tests and the path it finds; Go's tests that
+# load the library, with SQLITE_BPE_LIBRARY unset). Each is skipped, with a line saying so,
+# when its tool (sqlite3, node, go) is not installed.
+#
 # KEEP=1 leaves the clone and the target directory (their path is printed).
 set -euo pipefail
 full=0
@@ -73,4 +79,51 @@ if [[ ! -f "$CARGO_TARGET_DIR/release/libsqlite_bpe.so" ]]; then
   echo "readme-replay: the test command built no $CARGO_TARGET_DIR/release/libsqlite_bpe.so" >&2
   exit 1
 fi
-echo "readme-replay: both README commands ran from a fresh clone"
+
+# The README's stock-shell example, as written (its first ```sh block), in the clone.
+shell_block="$(awk '/^```sh$/ { on = 1; next } on && /^```/ { exit } on { print }' README.md)"
+if [[ -z "$shell_block" ]]; then
+  echo "readme-replay: README.md has no \`\`\`sh block (the stock sqlite3 shell's example)" >&2
+  exit 1
+fi
+if command -v sqlite3 >/dev/null; then
+  printf '%s\n' "$shell_block" >"$work/readme-shell.sh"
+  had_ext=0
+  [[ -e /var/tmp/app.bpe ]] && had_ext=1
+  echo "readme-replay: the README's sqlite3 example"
+  out="$(bash -euo pipefail "$work/readme-shell.sh" 2>&1)" || {
+    echo "$out" >&2
+    echo "readme-replay: the README's sqlite3 example failed" >&2
+    exit 1
+  }
+  echo "$out" | sed 's/^/  /'
+  rm -f app.db
+  ((had_ext)) || rm -f /var/tmp/app.bpe
+  if grep -qi 'error' <<<"$out"; then
+    echo "readme-replay: the README's sqlite3 example printed an error" >&2
+    exit 1
+  fi
+else
+  echo "readme-replay: no sqlite3: the README's shell example is skipped"
+fi
+
+# Node and Go find the library the test command built, under CARGO_TARGET_DIR.
+want="$CARGO_TARGET_DIR/release/libsqlite_bpe.so"
+unset SQLITE_BPE_LIBRARY
+if command -v node >/dev/null; then
+  run "node --test bindings/node/test/loadable_path.test.js"
+  found="$(node -e 'console.log(require("./bindings/node").getLoadablePath())')"
+  if [[ "$found" != "$want" ]]; then
+    echo "readme-replay: Node's loader found $found, not $want" >&2
+    exit 1
+  fi
+  echo "readme-replay: Node finds $found"
+else
+  echo "readme-replay: no node: the Node package's lookup is skipped"
+fi
+if command -v go >/dev/null; then
+  run "cd bindings/go && go test -count=1 -run 'TestDSNWithVfsBpeOpensWithoutABootConnection|TestLoadablePathFollowsCargoTargetDir' ."
+else
+  echo "readme-replay: no go: the Go package's lookup is skipped"
+fi
+echo "readme-replay: both README commands, its sqlite3 example and the Node and Go lookups ran from a fresh clone"

@@ -12,10 +12,13 @@ package sqlitebpe
 import (
 	"database/sql"
 	"database/sql/driver"
+	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 
 	sqlite3 "github.com/mattn/go-sqlite3"
@@ -31,14 +34,68 @@ const EntryPoint = "sqlite3_sqlitebpe_init"
 // open through this driver).
 var DefaultVFS = false
 
-// LoadablePath is the loadable extension: $SQLITE_BPE_LIBRARY, else the workspace's dist build
-// (cargo build --profile dist -p sqlite-bpe) beside this package's source.
+// LoadablePath is the loadable extension: $SQLITE_BPE_LIBRARY, else the workspace's build beside
+// this package's source, where cargo put it: in $CARGO_TARGET_DIR (relative to the workspace, where
+// cargo is run) when that is set, else in target/ or the target directory `cargo metadata` names;
+// dist/ (cargo build --profile dist -p sqlite-bpe) before release/ (cargo build --release). When
+// none exists it returns the first place looked in.
 func LoadablePath() string {
+	candidates := loadableCandidates()
+	for _, p := range candidates {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return candidates[0]
+}
+
+// loadableCandidates lists the places LoadablePath looks in, in order.
+func loadableCandidates() []string {
 	if p := os.Getenv("SQLITE_BPE_LIBRARY"); p != "" {
-		return p
+		return []string{p}
 	}
 	_, here, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(here), "..", "..", "target", "dist", "libsqlite_bpe.so")
+	workspace := filepath.Join(filepath.Dir(here), "..", "..")
+	var dirs []string
+	if t := os.Getenv("CARGO_TARGET_DIR"); t != "" {
+		if !filepath.IsAbs(t) {
+			t = filepath.Join(workspace, t)
+		}
+		dirs = []string{t}
+	} else {
+		dirs = []string{filepath.Join(workspace, "target")}
+		if t := cargoTargetDir(workspace); t != "" && t != dirs[0] {
+			dirs = append(dirs, t)
+		}
+	}
+	var out []string
+	for _, d := range dirs {
+		for _, profile := range []string{"dist", "release"} {
+			out = append(out, filepath.Join(d, profile, "libsqlite_bpe.so"))
+		}
+	}
+	return out
+}
+
+// cargoTargetDir is `cargo metadata`'s target_directory for the workspace ("" without cargo or a
+// workspace).
+func cargoTargetDir(workspace string) string {
+	if _, err := os.Stat(filepath.Join(workspace, "Cargo.toml")); err != nil {
+		return ""
+	}
+	cmd := exec.Command("cargo", "metadata", "--format-version", "1", "--no-deps")
+	cmd.Dir = workspace
+	out, err := cmd.Output()
+	if err != nil {
+		return ""
+	}
+	var meta struct {
+		TargetDirectory string `json:"target_directory"`
+	}
+	if json.Unmarshal(out, &meta) != nil {
+		return ""
+	}
+	return meta.TargetDirectory
 }
 
 type bpeDriver struct {
@@ -53,7 +110,7 @@ func (d *bpeDriver) load() error {
 	d.once.Do(func() {
 		path := LoadablePath()
 		if _, err := os.Stat(path); err != nil {
-			d.err = fmt.Errorf("sqlite-bpe: the loadable extension is missing (%v); build it with `cargo build --profile dist -p sqlite-bpe` or set SQLITE_BPE_LIBRARY", err)
+			d.err = fmt.Errorf("sqlite-bpe: the loadable extension is missing (looked in %s); build it with `cargo build --profile dist -p sqlite-bpe` in the checkout or set SQLITE_BPE_LIBRARY", strings.Join(loadableCandidates(), ", "))
 			return
 		}
 		if DefaultVFS {

@@ -112,3 +112,33 @@ func TestDefaultVFSServesPlainFileNames(t *testing.T) {
 		t.Fatalf("helper failed: %v\n%s", err, out)
 	}
 }
+
+// The library is found where cargo put it: CARGO_TARGET_DIR's dist/ build, else its release/
+// build; without either, the error names the places looked in.
+func TestLoadablePathFollowsCargoTargetDir(t *testing.T) {
+	t.Setenv("SQLITE_BPE_LIBRARY", "")
+	dir := t.TempDir()
+	t.Setenv("CARGO_TARGET_DIR", dir)
+	place := func(profile string) string {
+		p := filepath.Join(dir, profile, "libsqlite_bpe.so")
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	_, err := (&bpeDriver{}).Open(":memory:")
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "dist", "libsqlite_bpe.so")) {
+		t.Fatalf("without a build: %v", err)
+	}
+	release := place("release")
+	if got := LoadablePath(); got != release {
+		t.Fatalf("with a release build: %s, want %s", got, release)
+	}
+	dist := place("dist")
+	if got := LoadablePath(); got != dist {
+		t.Fatalf("with a dist build too: %s, want %s", got, dist)
+	}
+}

@@ -13,8 +13,8 @@ if [[ -z "${SQLITE_BPE_LIBRARY:-}" ]]; then
 fi
 cd bindings/java
 rm -rf target/surefire-reports
-# (Debian's Maven 3.8 prints colour resets even with -B: filtered out.)
-mvn -B -q ${libdir:+"-Dsqlite.bpe.libdir=$libdir"} test 2>&1 | sed 's/\x1b\[0m//g'
+# (Debian's Maven 3.8 prints colour resets even with -B and style.color=never: filtered out.)
+mvn -B -q -Dstyle.color=never ${libdir:+"-Dsqlite.bpe.libdir=$libdir"} test 2>&1 | sed 's/\x1b\[0m//g'
 # -q hides Surefire's summary: print one from its reports.
 awk '/<testsuite / {
        for (i = 1; i <= NF; i++) if (match($i, /^(tests|failures|errors|skipped)="[0-9]+"/)) {

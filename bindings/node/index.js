@@ -14,8 +14,36 @@ const path = require('path');
 
 const ENTRY_POINT = 'sqlite3_sqlitebpe_init';
 
+// The workspace this package sits in (bindings/node), when it is used from a checkout.
+const WORKSPACE = path.join(__dirname, '..', '..');
+
+// Cargo's target directory for the workspace: $CARGO_TARGET_DIR (relative to the workspace, where
+// cargo is run), else `target/`, else what `cargo metadata` says (a `build.target-dir` in a cargo
+// config). Returns the directories to look in, most likely first.
+function targetDirs() {
+  if (process.env.CARGO_TARGET_DIR) {
+    return [path.resolve(WORKSPACE, process.env.CARGO_TARGET_DIR)];
+  }
+  const dirs = [path.join(WORKSPACE, 'target')];
+  if (fs.existsSync(path.join(WORKSPACE, 'Cargo.toml'))) {
+    try {
+      const out = require('child_process').execFileSync(
+        'cargo',
+        ['metadata', '--format-version', '1', '--no-deps'],
+        { cwd: WORKSPACE, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }
+      );
+      const dir = JSON.parse(out).target_directory;
+      if (dir && !dirs.includes(dir)) dirs.push(dir);
+    } catch (_) {
+      // No cargo on PATH: the default target directory is all there is to look in.
+    }
+  }
+  return dirs;
+}
+
 // The loadable extension: $SQLITE_BPE_LIBRARY (which must exist), else the library packed beside
-// this file, else the workspace's dist build (cargo build --profile dist -p sqlite-bpe).
+// this file, else the workspace's build where cargo put it (`dist/` of
+// `cargo build --profile dist -p sqlite-bpe`, else `release/` of `cargo build --release`).
 function getLoadablePath() {
   const chosen = process.env.SQLITE_BPE_LIBRARY;
   if (chosen) {
@@ -24,18 +52,20 @@ function getLoadablePath() {
     }
     return chosen;
   }
-  const candidates = [
-    path.join(__dirname, 'libsqlite_bpe.so'),
-    path.join(__dirname, '..', '..', 'target', 'dist', 'libsqlite_bpe.so'),
-  ].filter(Boolean);
-  const found = candidates.find((p) => fs.existsSync(p));
-  if (!found) {
-    throw new Error(
-      `sqlite-bpe: the loadable extension is missing (looked in ${candidates.join(', ')}); ` +
-        'build it with `cargo build --profile dist -p sqlite-bpe` or set SQLITE_BPE_LIBRARY'
-    );
+  const packed = path.join(__dirname, 'libsqlite_bpe.so');
+  if (fs.existsSync(packed)) return packed;
+  const candidates = [packed];
+  for (const dir of targetDirs()) {
+    for (const profile of ['dist', 'release']) {
+      const p = path.join(dir, profile, 'libsqlite_bpe.so');
+      if (fs.existsSync(p)) return p;
+      candidates.push(p);
+    }
   }
-  return found;
+  throw new Error(
+    `sqlite-bpe: the loadable extension is missing (looked in ${candidates.join(', ')}); ` +
+      'build it with `cargo build --profile dist -p sqlite-bpe` in the checkout or set SQLITE_BPE_LIBRARY'
+  );
 }
 
 // Sets BPE_DEFAULT_VFS=1 while `fn` loads the extension, then puts the variable back.

@@ -1,8 +1,9 @@
 """Builds the loadable extension with cargo (profile `dist`: stripped, debug info split off) and
 ships it inside the package. Needs Rust's cargo and a C compiler; run from a checkout:
-`pip install ./bindings/python`."""
+`pip install -v ./bindings/python` (pip shows a build's output only with -v: without it, a first
+build's minutes of cargo's progress pass without a line)."""
 
-import os
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,12 +20,21 @@ class BuildWithCargo(build_py):
     def run(self):
         super().run()
         cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
-        target = Path(os.environ.get("CARGO_TARGET_DIR", WORKSPACE / "target"))
+        print("sqlite-bpe: building the loadable extension with cargo (minutes on a first build)")
         subprocess.run(
             [cargo, "build", "--profile", "dist", "-p", "sqlite-bpe"],
             cwd=WORKSPACE,
             check=True,
         )
+        # Where cargo put it: CARGO_TARGET_DIR, a cargo config's target-dir, or target/.
+        metadata = subprocess.run(
+            [cargo, "metadata", "--format-version", "1", "--no-deps"],
+            cwd=WORKSPACE,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        target = Path(json.loads(metadata.stdout)["target_directory"])
         built = target / "dist" / LIBRARY
         dest = Path(self.build_lib) / "sqlite_bpe" / LIBRARY
         dest.parent.mkdir(parents=True, exist_ok=True)

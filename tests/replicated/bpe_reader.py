@@ -19,7 +19,8 @@ never does) and answers one JSON line per request on stdin:
         (the primary phase) reads the `acks` table for S seconds, in turn through the long-lived
         connection and through a connection opened for the read (one in ten), and answers the
         reads made, the errors met (message -> count) and the counter deltas
-  {"op": "ids", "uri": ...}      every id of the `acks` table, through a connection opened for it
+  {"op": "ids", "uri": ...}      {"ids": every id of the `acks` table}, through a connection opened
+                                 for it
   {"op": "counters"}             the counters now
   {"op": "quit"}
 
@@ -199,7 +200,7 @@ for line in sys.stdin:
         elif op == "ids":
             c = connect(req["uri"])
             try:
-                out = [r[0] for r in c.execute("SELECT id FROM acks ORDER BY id")]
+                out = {"ids": [r[0] for r in c.execute("SELECT id FROM acks ORDER BY id")]}
             finally:
                 c.close()
         elif op == "hammer":

@@ -676,7 +676,7 @@ def primary_acks(name, args, lib, logdir, db_path, journal_mode, after_commit=No
         fail(f"{name}: integrity_check says {check}")
     probe = Reader(lib, os.path.join(logdir, f"{name}-probe.log"))
     try:
-        seen = probe.ask(op="ids", uri=f"file:{db_path}?vfs=bpe")
+        seen = probe.ask(op="ids", uri=f"file:{db_path}?vfs=bpe")["ids"]
     finally:
         probe.close()
     if not want <= set(seen):

@@ -14,7 +14,7 @@
 set -euo pipefail
 configs=${1:-wal_autocommit,stock_wal_autocommit,rollback_autocommit,stock_rollback_autocommit}
 seconds=${2:-3}
-bin=${BPE_BIN:-target/release/sqlite-bpe}
+bin=${BPE_BIN:-$("$(dirname "$0")/../cargo-target-dir.sh")/release/sqlite-bpe}
 command -v valgrind >/dev/null || { echo "valgrind is missing (apt-get install valgrind)" >&2; exit 1; }
 out=$(mktemp -d /tmp/bpe-instructions.XXXXXX)
 BPE_BENCH_CHILD_WRAPPER="valgrind --tool=callgrind --callgrind-out-file=$out/callgrind.%q{BPE_BENCH_CONFIG} --toggle-collect=bpe_bench::report::ConfigResult::measure*" \

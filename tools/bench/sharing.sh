@@ -9,7 +9,7 @@
 set -euo pipefail
 rounds=${1:-10}
 which=${2:-both}
-bin=${BPE_BIN:-target/release/sqlite-bpe}
+bin=${BPE_BIN:-$("$(dirname "$0")/../cargo-target-dir.sh")/release/sqlite-bpe}
 work=${BPE_WORK:-./bpe-bench-work}
 out="$work/sharing"
 mkdir -p "$out"

@@ -108,7 +108,7 @@ if [ "$BUILD" = 1 ]; then
   log "cargo build --release -p sqlite-bpe"
   ( cd "$REPO" && cargo build --release -p sqlite-bpe -q )
 fi
-LIB="$REPO/target/release/libsqlite_bpe.so"
+LIB="$("$REPO/tools/cargo-target-dir.sh")/release/libsqlite_bpe.so"
 [ -x "$BIN" ] || { echo "no $BIN (run without --no-build)" >&2; exit 1; }
 [ -f "$LIB" ] || { echo "no $LIB (run without --no-build)" >&2; exit 1; }
 

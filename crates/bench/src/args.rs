@@ -246,6 +246,41 @@ pub struct DwArgs {
     pub cgroup_mb: Option<u64>,
 }
 
+/// Refuses a `--configs` list that names a configuration `bench` does not have (instead of
+/// running none of it), naming the unknown ones and the valid ones.
+pub fn check_configs(
+    filter: Option<&[String]>,
+    valid: impl IntoIterator<Item = &'static str>,
+    bench: &str,
+) -> anyhow::Result<()> {
+    let valid: Vec<&str> = valid.into_iter().collect();
+    let Some(filter) = filter else {
+        return Ok(());
+    };
+    let unknown: Vec<&str> = filter
+        .iter()
+        .map(String::as_str)
+        .filter(|n| !valid.contains(n))
+        .collect();
+    if filter.is_empty() || !unknown.is_empty() {
+        anyhow::bail!(
+            "--configs: {} has no configuration {}; its configurations: {}",
+            bench,
+            if unknown.is_empty() {
+                "'' (the list is empty)".to_string()
+            } else {
+                unknown
+                    .iter()
+                    .map(|n| format!("'{n}'"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+            valid.join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// Whether `--configs` asks for configuration `name` (all when it is absent).
 pub fn selected(filter: Option<&[String]>, name: &str) -> bool {
     filter.is_none_or(|f| f.iter().any(|n| n == name))

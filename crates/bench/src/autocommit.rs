@@ -198,6 +198,7 @@ struct Read {
 /// Runs the benchmark and prints its results; returns them.
 pub fn run(a: &AutocommitArgs) -> anyhow::Result<BenchReport> {
     let c = &a.common;
+    crate::args::check_configs(c.configs.as_deref(), CONFIGS, "autocommit")?;
     let quick = c.quick;
     let rows = a.rows.unwrap_or(if quick { 4_000 } else { 20_000 });
     let seconds = a.seconds.unwrap_or(if quick { 1.0 } else { 5.0 });

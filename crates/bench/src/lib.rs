@@ -40,7 +40,7 @@ mod zipf;
 
 pub use args::{BenchArgs, CommonArgs, Experiment};
 pub use report::{BenchReport, ConfigResult};
-pub use storage::{DataDevice, Storage};
+pub use storage::{fs_type, DataDevice, Storage};
 
 /// Runs one benchmark. A binary calls [`run_child`] first, before it parses its arguments,
 /// which are not the benchmark's in a configuration's or a helper's process.

@@ -279,6 +279,11 @@ impl Plan {
 
 /// Runs the benchmark and prints its results; returns them.
 pub fn run(a: &LookupArgs) -> anyhow::Result<BenchReport> {
+    crate::args::check_configs(
+        a.common.configs.as_deref(),
+        CONFIGS.iter().map(|(name, _)| *name),
+        "lookup",
+    )?;
     let storage = Storage::from_args(&a.common, "lookup")?;
     let report = measure(&Plan::from_args(a), &storage)?;
     print_storage(&storage, report.reference.as_ref());

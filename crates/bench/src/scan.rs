@@ -117,6 +117,11 @@ struct Scans {
 /// Runs the benchmark and prints its results; returns them.
 pub fn run(a: &ScanArgs) -> anyhow::Result<BenchReport> {
     let c = &a.common;
+    crate::args::check_configs(
+        c.configs.as_deref(),
+        CHILDREN.iter().flat_map(|child| child.runs.iter().copied()),
+        "scan",
+    )?;
     let table_mb = a.table_mb.unwrap_or(if c.quick { 64 } else { 1024 });
     let memory_mb = a.memory_mb.unwrap_or(if c.quick { 16 } else { 256 });
     let extension_mb = a.extension_mb.unwrap_or(if c.quick { 256 } else { 4096 });

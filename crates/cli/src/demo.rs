@@ -63,6 +63,40 @@ impl Default for DemoOptions {
     }
 }
 
+impl DemoOptions {
+    /// Refuses options the demo cannot run with, before it prints or makes anything.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        for (flag, value) in [
+            ("--rows", self.rows),
+            ("--lookups", self.lookups),
+            ("--memory-mb", self.memory_mb),
+        ] {
+            if value == 0 {
+                bail!("{flag} 0: the demo needs {flag} above 0");
+            }
+        }
+        let base = self.base_dir();
+        if !base.is_dir() {
+            bail!("--dir {}: no such directory", base.display());
+        }
+        let fs = bpe_bench::fs_type(&base.canonicalize()?);
+        if fs == "tmpfs" || fs == "ramfs" {
+            bail!(
+                "--dir {} is on {fs}, where the extension file cannot be read with O_DIRECT and the \
+                 database would be read from RAM: give --dir a directory on a disk (the demo makes \
+                 its work folder there and removes it at the end)",
+                base.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// Where the demo makes its work folder.
+    fn base_dir(&self) -> PathBuf {
+        self.dir.clone().unwrap_or_else(|| PathBuf::from("."))
+    }
+}
+
 /// What [`measure`] found: the benchmark's report, and where it ran.
 #[derive(Clone, Debug)]
 pub struct DemoReport {
@@ -104,9 +138,7 @@ fn extension_counters(c: &ConfigResult) -> [(&'static str, Option<u64>, u64); 5]
 /// Runs the experiment: [`Plan::demo`] with the options' changes, on the emulated device, in a
 /// temporary directory.
 pub fn measure(o: &DemoOptions) -> anyhow::Result<DemoReport> {
-    if o.rows == 0 || o.lookups == 0 || o.memory_mb == 0 {
-        bail!("--rows, --lookups and --memory-mb must be above 0");
-    }
+    o.validate()?;
     let plan = Plan {
         rows: o.rows,
         lookups: o.lookups,
@@ -122,7 +154,7 @@ pub fn measure(o: &DemoOptions) -> anyhow::Result<DemoReport> {
             o.iops,
         )
     };
-    let base = o.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+    let base = o.base_dir();
     let work = tempfile::Builder::new()
         .prefix("sqlite-bpe-demo-")
         .tempdir_in(&base)
@@ -228,6 +260,7 @@ impl DemoReport {
 
 /// `sqlite-bpe demo`: measures and prints.
 pub fn run(o: &DemoOptions) -> anyhow::Result<()> {
+    o.validate()?;
     eprintln!(
         "sqlite-bpe demo: {} random lookups in {} rows, three configurations{}",
         thousands(o.lookups),

@@ -138,9 +138,14 @@ impl Shell {
                 Part::Operator(statements) => {
                     crate::bpe_exec(&self.conn, statements).map(|status| {
                         let _ = writeln!(self.out, "{status}");
+                        if sets_memory(statements) {
+                            let _ = writeln!(self.out, "{MEMORY_NOT_KEPT}");
+                        }
                     })
                 }
-                Part::Sql(sql) => self.run_sql(sql),
+                Part::Sql(sql) => self
+                    .refresh_configurations(sql)
+                    .and_then(|()| self.run_sql(sql)),
             };
             if let Err(e) = result {
                 self.report(line, &e.to_string());
@@ -149,6 +154,50 @@ impl Shell {
             }
         }
         let _ = self.out.flush();
+    }
+
+    /// Fills the shell's `sys.configurations` table with bpe's settings now, when `sql` reads it.
+    fn refresh_configurations(&self, sql: &str) -> rusqlite::Result<()> {
+        if !sql
+            .to_ascii_lowercase()
+            .contains(tsql::CONFIGURATIONS_TABLE)
+        {
+            return Ok(());
+        }
+        let memory: String = self
+            .conn
+            .query_row("PRAGMA bpe_max_server_memory_mb", [], |row| row.get(0))?;
+        let memory: i64 = memory.trim().parse().unwrap_or(0);
+        let machine = machine_memory_mb().unwrap_or(i64::MAX);
+        let table = tsql::CONFIGURATIONS_TABLE;
+        self.conn.execute_batch(&format!(
+            "CREATE TEMP TABLE IF NOT EXISTS {table}(configuration_id INTEGER, name TEXT, \
+             value INTEGER, minimum INTEGER, maximum INTEGER, value_in_use INTEGER, \
+             description TEXT, is_dynamic INTEGER, is_advanced INTEGER);
+             DELETE FROM temp.{table};"
+        ))?;
+        let mut insert = self.conn.prepare(&format!(
+            "INSERT INTO temp.{table} VALUES (?1, ?2, ?3, ?4, ?5, ?3, ?6, 1, ?7)"
+        ))?;
+        insert.execute(rusqlite::params![
+            1544,
+            "max server memory (MB)",
+            memory,
+            1,
+            machine,
+            "Maximum size of the buffer pool's RAM tier (MB), for this process",
+            1
+        ])?;
+        insert.execute(rusqlite::params![
+            518,
+            "show advanced options",
+            1,
+            0,
+            1,
+            "Accepted for scripts; every option is always shown",
+            0
+        ])?;
+        Ok(())
     }
 
     /// Runs SQLite statements one by one, printing each result set as a table.
@@ -226,6 +275,26 @@ impl Shell {
         }
         Ok(())
     }
+}
+
+/// What the shell says after `sp_configure` sets max server memory.
+const MEMORY_NOT_KEPT: &str = "note: max server memory holds for this shell's process only; \
+     the next session starts from BPE_MAX_SERVER_MEMORY_MB (or the default): set that to keep it";
+
+/// Do the operator statements set max server memory?
+fn sets_memory(statements: &str) -> bool {
+    bpe_tsql::parse(statements).is_ok_and(|all| {
+        all.iter()
+            .any(|s| matches!(s, bpe_tsql::Statement::MaxServerMemory { .. }))
+    })
+}
+
+/// The machine's RAM in MB (`MemTotal` in /proc/meminfo), the most max server memory can be.
+fn machine_memory_mb() -> Option<i64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
 }
 
 /// A value as the sqlite3 shell shows it (blobs in hex, cut after 32 bytes).

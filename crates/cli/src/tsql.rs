@@ -8,8 +8,10 @@
 pub use bpe_tsql::lex::{go_count, is_blank};
 use bpe_tsql::lex::{scan, PieceKind};
 
-/// SQL Server's DMV names and the adapter's tables that answer them.
-const DMVS: [(&str, &str); 4] = [
+/// SQL Server's DMV names and the adapter's tables that answer them (`bpe_configurations` is
+/// the shell's own, filled with bpe's settings before each query that names it).
+const DMVS: [(&str, &str); 5] = [
+    ("sys.configurations", CONFIGURATIONS_TABLE),
     ("sys.dm_os_performance_counters", "bpe_performance_counters"),
     ("sys.allocation_units", "bpe_allocation_units"),
     ("sys.dm_os_buffer_descriptors", "bpe_buffer_descriptors"),
@@ -18,6 +20,35 @@ const DMVS: [(&str, &str); 4] = [
         "bpe_extension_configuration",
     ),
 ];
+
+/// The shell's table for `sys.configurations`.
+pub const CONFIGURATIONS_TABLE: &str = "bpe_configurations";
+
+/// Table hints (`WITH (NOLOCK)`) that a SQLite read has no use for: its isolation is the
+/// snapshot of its read transaction, and it picks its own index. `INDEX` takes an argument.
+const TABLE_HINTS: [&str; 17] = [
+    "nolock",
+    "readuncommitted",
+    "readcommitted",
+    "readcommittedlock",
+    "repeatableread",
+    "serializable",
+    "holdlock",
+    "nowait",
+    "readpast",
+    "rowlock",
+    "paglock",
+    "tablock",
+    "tablockx",
+    "updlock",
+    "xlock",
+    "forcescan",
+    "index",
+];
+
+/// Query hints (`OPTION (RECOMPILE)`): SQLite prepares each statement the shell runs anew, on
+/// one thread. `MAXDOP` takes an argument.
+const QUERY_HINTS: [&str; 2] = ["recompile", "maxdop"];
 
 /// An operator statement never spans more lines than this; the search for its end stops here.
 const MAX_OPERATOR_LINES: usize = 64;
@@ -146,11 +177,119 @@ fn operator_lines(lines: &[&str]) -> Option<usize> {
 
 fn flush_sql(sql: &mut String, parts: &mut Vec<Part>) {
     if !is_blank(sql) {
-        let sql = rewrite_pragma_query(sql);
+        let sql = rewrite_idioms(&rewrite_pragma_query(sql));
         let sql = rewrite_numeric_casts(&rewrite_dmv_names(&sql));
-        parts.push(Part::Sql(rewrite_top(&sql)));
+        let sql = rewrite_top(&sql);
+        if !is_blank(&sql) {
+            parts.push(Part::Sql(sql));
+        }
     }
     sql.clear();
+}
+
+/// The T-SQL idioms of DBA scripts, as SQLite takes them (outside strings and comments):
+/// - `N'...'` (a Unicode string) as `'...'`: SQLite's strings are Unicode already;
+/// - `@@VERSION` as a string naming sqlite-bpe and the SQLite under it;
+/// - table hints (`WITH (NOLOCK)`, `WITH (INDEX = 0)`, the others in [`TABLE_HINTS`]) and the
+///   query hints `OPTION (RECOMPILE)` and `OPTION (MAXDOP n)` dropped (what they ask does not
+///   apply to SQLite, see the lists); a hint list with any other hint is left for SQLite's error;
+/// - `SET NOCOUNT ON|OFF` and `SET STATISTICS IO|TIME ON|OFF` dropped (the shell prints no row
+///   counts and no statistics).
+pub fn rewrite_idioms(sql: &str) -> String {
+    let all = scan(sql);
+    let code: Vec<usize> = (0..all.len()).filter(|&i| !all[i].is_blank()).collect();
+    let text = |k: usize| code.get(k).map_or("", |&i| all[i].text(sql));
+    let is = |k: usize, what: &str| text(k).eq_ignore_ascii_case(what);
+    let mut edits: Vec<(usize, usize, String)> = Vec::new();
+    let mut k = 0;
+    while k < code.len() {
+        let piece = all[code[k]];
+        let word = piece.kind == PieceKind::Word;
+        let statement_start = k == 0 || all[code[k - 1]].kind == PieceKind::Punct(';');
+        if matches!(piece.kind, PieceKind::Str { .. }) && text(k).starts_with(['N', 'n']) {
+            edits.push((piece.start, piece.start + 1, String::new()));
+        } else if word && is(k, "@@version") {
+            edits.push((
+                piece.start,
+                piece.end,
+                format!(
+                    "('sqlite-bpe {} on SQLite ' || sqlite_version())",
+                    env!("CARGO_PKG_VERSION")
+                ),
+            ));
+        } else if word && (is(k, "with") || is(k, "option")) && is(k + 1, "(") {
+            let (hints, takes_argument) = if is(k, "with") {
+                (&TABLE_HINTS[..], "index")
+            } else {
+                (&QUERY_HINTS[..], "maxdop")
+            };
+            if let Some(close) = hint_list_end(&code, &all, sql, k + 1, hints, takes_argument) {
+                edits.push((piece.start, all[code[close]].end, String::new()));
+                k = close + 1;
+                continue;
+            }
+        } else if word && statement_start && is(k, "set") {
+            let n = if is(k + 1, "nocount") && (is(k + 2, "on") || is(k + 2, "off")) {
+                3
+            } else if is(k + 1, "statistics")
+                && (is(k + 2, "io") || is(k + 2, "time"))
+                && (is(k + 3, "on") || is(k + 3, "off"))
+            {
+                4
+            } else {
+                0
+            };
+            if n > 0 {
+                let last = if is(k + n, ";") { k + n } else { k + n - 1 };
+                edits.push((piece.start, all[code[last]].end, String::new()));
+                k = last + 1;
+                continue;
+            }
+        }
+        k += 1;
+    }
+    let mut out = String::with_capacity(sql.len() + 64);
+    let mut at = 0;
+    for (start, end, with) in edits {
+        out.push_str(&sql[at..start]);
+        out.push_str(&with);
+        at = end;
+    }
+    out.push_str(&sql[at..]);
+    out
+}
+
+/// Where the hint list that opens at `code[open]` (a `(`) closes, when every hint in it is one
+/// of `hints` (`takes_argument`'s argument, up to the next `,`, may be anything).
+fn hint_list_end(
+    code: &[usize],
+    all: &[bpe_tsql::lex::Piece],
+    sql: &str,
+    open: usize,
+    hints: &[&str],
+    takes_argument: &str,
+) -> Option<usize> {
+    let mut depth = 0;
+    let mut in_argument = false;
+    for (k, &i) in code.iter().enumerate().skip(open) {
+        let t = all[i].text(sql);
+        match all[i].kind {
+            PieceKind::Punct('(') => depth += 1,
+            PieceKind::Punct(')') => {
+                depth -= 1;
+                if depth == 0 {
+                    return (k > open + 1).then_some(k);
+                }
+            }
+            PieceKind::Punct(',') if depth == 1 => in_argument = false,
+            _ if depth > 1 || in_argument => {}
+            PieceKind::Word if hints.iter().any(|h| t.eq_ignore_ascii_case(h)) => {
+                in_argument = t.eq_ignore_ascii_case(takes_argument);
+            }
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// `PRAGMA bpe_extension;` (the query form, no value) as `SELECT * FROM pragma_bpe_extension;`:
@@ -370,6 +509,65 @@ mod tests {
         for same in ["PRAGMA bpe_extension = off;", "PRAGMA page_size;"] {
             assert_eq!(rewrite_pragma_query(same), same);
         }
+    }
+
+    #[test]
+    fn dba_script_idioms_become_sqlite() {
+        let version = format!(
+            "('sqlite-bpe {} on SQLite ' || sqlite_version())",
+            env!("CARGO_PKG_VERSION")
+        );
+        for (tsql, sqlite) in [
+            (
+                "SELECT n FROM t WITH (NOLOCK) WHERE id = 1",
+                "SELECT n FROM t  WHERE id = 1",
+            ),
+            (
+                "SELECT AVG(c) FROM big WITH (INDEX=0)",
+                "SELECT AVG(c) FROM big ",
+            ),
+            (
+                "select n from t with ( nolock, index(ix_t) ) option (recompile);",
+                "select n from t  ;",
+            ),
+            ("SELECT 1 OPTION (MAXDOP 1, RECOMPILE)", "SELECT 1 "),
+            (
+                "SELECT name FROM x WHERE name = N'max server memory (MB)'",
+                "SELECT name FROM x WHERE name = 'max server memory (MB)'",
+            ),
+            ("SELECT @@VERSION;", &format!("SELECT {version};")),
+            (
+                "SET NOCOUNT ON;\nSET STATISTICS TIME ON\nSELECT 1;",
+                "\n\nSELECT 1;",
+            ),
+            // Left alone: strings, comments, a CTE, other hints, other SETs, names.
+            (
+                "SELECT 'WITH (NOLOCK)', N FROM t -- OPTION (RECOMPILE)",
+                "SELECT 'WITH (NOLOCK)', N FROM t -- OPTION (RECOMPILE)",
+            ),
+            (
+                "WITH c(x) AS (SELECT 1) SELECT x FROM c",
+                "WITH c(x) AS (SELECT 1) SELECT x FROM c",
+            ),
+            (
+                "SELECT 1 FROM t WITH (NOLOCK, FASTFIRSTROW)",
+                "SELECT 1 FROM t WITH (NOLOCK, FASTFIRSTROW)",
+            ),
+            (
+                "SELECT 1 OPTION (FORCE ORDER)",
+                "SELECT 1 OPTION (FORCE ORDER)",
+            ),
+            ("SET ROWCOUNT 10", "SET ROWCOUNT 10"),
+            ("SELECT @@SPID", "SELECT @@SPID"),
+        ] {
+            assert_eq!(rewrite_idioms(tsql), sqlite, "{tsql}");
+        }
+        assert_eq!(
+            rewrite_dmv_names("SELECT * FROM sys.configurations"),
+            "SELECT * FROM bpe_configurations"
+        );
+        // A batch of only what the shell drops runs nothing.
+        assert!(split_batch("SET NOCOUNT ON;\n").is_empty());
     }
 
     #[test]

@@ -272,3 +272,121 @@ PRAGMA bpe_extension;
         .count();
     assert_eq!(rows, 3, "{after}");
 }
+
+/// The scan write-up's script as its author ran it (N'' strings, `sys.sp_configure`,
+/// `RECONFIGURE WITH OVERRIDE`, `SET STATISTICS TIME ON`, a `WITH (INDEX=0)` hint, the
+/// extension's ON over several lines ending in `;`), then the idioms of DBA scripts: `WITH
+/// (NOLOCK)`, `OPTION (RECOMPILE)`, `@@VERSION`, `sys.configurations`.
+#[test]
+fn the_scan_write_up_and_dba_idioms_run_as_written() {
+    let dir = tempdir();
+    let ext = dir.path().join("BufferPoolExtensionFile.BPE");
+    let script = format!(
+        "CREATE TABLE bigTransactionHistory(id INTEGER PRIMARY KEY, ActualCost REAL, pad TEXT);\n\
+         WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 2000)\n\
+           INSERT INTO bigTransactionHistory SELECT i, i % 10, printf('%.300c', 'x') FROM c;\n\
+         SET STATISTICS TIME ON\n\
+         \n\
+         SELECT AVG(actualcost) \n\
+         FROM bigTransactionHistory WITH (INDEX=0)\n\
+         GO\n\
+         EXEC sys.sp_configure N'max server memory (MB)', N'16'\n\
+         GO\n\
+         RECONFIGURE WITH OVERRIDE\n\
+         GO\n\
+         DBCC DROPCLEANBUFFERS\n\
+         GO\n\
+         ALTER SERVER CONFIGURATION \n\
+         SET BUFFER POOL EXTENSION ON ( \n\
+         \tFILENAME = '{}',\n\
+         \tSIZE = 64 MB);\n\
+         GO\n\
+         SELECT AVG(actualcost) FROM bigTransactionHistory WITH (INDEX=0)\n\
+         GO\n\
+         SELECT cntr_value AS allocated FROM sys.dm_os_performance_counters WITH (NOLOCK)\n\
+           WHERE counter_name = N'Extension allocated pages' OPTION (RECOMPILE);\n\
+         SELECT @@VERSION AS version;\n\
+         SELECT name, value, value_in_use FROM sys.configurations\n\
+           WHERE name = N'max server memory (MB)';\n\
+         ALTER SERVER CONFIGURATION \n\
+         SET BUFFER POOL EXTENSION OFF\n\
+         GO\n",
+        ext.display()
+    );
+    let run = shell(dir.path(), &script);
+    assert_eq!(run.code, Some(0), "stderr:\n{}", run.stderr);
+    assert!(run.stderr.is_empty(), "stderr:\n{}", run.stderr);
+    let out = &run.stdout;
+    assert_eq!(
+        out.matches("4.5").count(),
+        2,
+        "AVG(actualcost) twice:\n{out}"
+    );
+    assert_has(out, "changed from", "sp_configure's status");
+    assert_has(out, "Buffer pool extension", "ON's status");
+    assert_has(
+        out,
+        &format!("sqlite-bpe {} on SQLite 3.", env!("CARGO_PKG_VERSION")),
+        "@@VERSION",
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("max server memory (MB)")
+            && l.split_whitespace().filter(|w| *w == "16").count() == 2),
+        "sys.configurations shows max server memory 16 as value and value_in_use:\n{out}"
+    );
+    // The counter read through the hint and the N'' string (its value depends on the
+    // background writer's progress, so only its presence is checked).
+    let allocated = out
+        .lines()
+        .skip_while(|l| !l.starts_with("allocated"))
+        .nth(2);
+    assert!(
+        allocated.is_some_and(|l| l.trim().parse::<u64>().is_ok()),
+        "no Extension allocated pages value:\n{out}"
+    );
+}
+
+/// sp_configure in the shell lasts for its process: the shell says so when it sets a value,
+/// and not when it only shows one.
+#[test]
+fn sp_configure_says_the_setting_is_not_kept() {
+    let dir = tempdir();
+    let run = shell(
+        dir.path(),
+        "EXEC sp_configure 'max server memory (MB)', 24\nGO\n",
+    );
+    assert_eq!(run.code, Some(0), "stderr:\n{}", run.stderr);
+    assert_has(&run.stdout, "changed from", "the status");
+    assert_has(
+        &run.stdout,
+        "BPE_MAX_SERVER_MEMORY_MB",
+        "the note on keeping it",
+    );
+    let run = shell(
+        dir.path(),
+        "EXEC sp_configure 'max server memory (MB)'\nGO\n",
+    );
+    assert_eq!(run.code, Some(0), "stderr:\n{}", run.stderr);
+    assert!(
+        !run.stdout.contains("BPE_MAX_SERVER_MEMORY_MB"),
+        "no note when nothing was set:\n{}",
+        run.stdout
+    );
+}
+
+/// A max server memory above the machine's RAM is refused in MB, the unit it was given in.
+#[test]
+fn an_oversized_memory_is_refused_in_mb() {
+    let dir = tempdir();
+    let run = shell(
+        dir.path(),
+        "EXEC sp_configure 'max server memory (MB)', 1000000000\nGO\n",
+    );
+    assert_eq!(run.code, Some(1), "stdout:\n{}", run.stdout);
+    assert_has(
+        &run.stderr,
+        "max server memory 1000000000 MB is above this machine's physical memory (",
+        "the error",
+    );
+    assert!(!run.stderr.contains("bytes"), "{}", run.stderr);
+}

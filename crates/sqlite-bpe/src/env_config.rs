@@ -186,7 +186,12 @@ impl EnvConfig {
             let bytes = mb
                 .checked_mul(1 << 20)
                 .ok_or_else(|| format!("BPE_MAX_SERVER_MEMORY_MB={v} overflows"))?;
-            check_max_memory(bytes, 0).map_err(|e| format!("BPE_MAX_SERVER_MEMORY_MB={v}: {e}"))?;
+            check_max_memory(bytes, 0).map_err(|e| {
+                format!(
+                    "BPE_MAX_SERVER_MEMORY_MB={v}: {}",
+                    bpe_tsql::error_message(&e)
+                )
+            })?;
             config.max_memory = bytes;
         }
         if let Some(v) = var("BPE_DIRECT_IO") {

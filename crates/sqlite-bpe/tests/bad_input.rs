@@ -316,6 +316,12 @@ fn bad_environment_settings_fail_the_load_naming_the_variable() {
             "BPE_MAX_SERVER_MEMORY_MB",
         ),
         ("BPE_MAX_SERVER_MEMORY_MB", "0", "BPE_MAX_SERVER_MEMORY_MB"),
+        // In MB, the variable's unit, not in bytes.
+        (
+            "BPE_MAX_SERVER_MEMORY_MB",
+            "1000000000",
+            "BPE_MAX_SERVER_MEMORY_MB=1000000000: max server memory 1000000000 MB is above this machine's physical memory (",
+        ),
         ("BPE_EXTENSION_SIZE", "12 parsecs", "BPE_EXTENSION_SIZE"),
         ("BPE_DIRECT_IO", "maybe", "BPE_DIRECT_IO"),
         ("BPE_READAHEAD", "2", "BPE_READAHEAD"),

@@ -195,7 +195,39 @@ fn execution_message(e: &Error) -> String {
             human_bytes(*size),
             human_bytes(*max_memory)
         ),
+        // max server memory is set in MB: its errors say MB too (rounded down, so that a
+        // machine's 7.8 GB of RAM never reads as more than it is).
+        Error::MemoryAbovePhysical {
+            requested,
+            physical,
+        } => format!(
+            "max server memory {} MB is above this machine's physical memory ({} MB)",
+            requested / MB,
+            physical / MB
+        ),
+        Error::MemoryBelowMinimum { requested, minimum } => format!(
+            "max server memory {} is below the minimum of {}",
+            mb_text(*requested),
+            mb_text(*minimum)
+        ),
+        Error::MemoryBelowIndex {
+            requested,
+            index_bytes,
+        } => format!(
+            "max server memory {} would leave the extension index ({}) more than half of it; shrink or disable the extension first",
+            mb_text(*requested),
+            human_bytes(*index_bytes)
+        ),
         other => other.to_string(),
+    }
+}
+
+/// A byte count in MB, with a fraction only where it has one (`16 MB`, `0.5 MB`).
+fn mb_text(bytes: u64) -> String {
+    if bytes.is_multiple_of(MB) {
+        format!("{} MB", bytes / MB)
+    } else {
+        format!("{:.2} MB", bytes as f64 / MB as f64)
     }
 }
 

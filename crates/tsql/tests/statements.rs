@@ -506,6 +506,13 @@ fn a_refused_statement_anywhere_changes_nothing() {
     assert_eq!(e.extension_status().state, ExtensionState::Enabled);
     let err = run(&e, "EXEC sp_configure 'max server memory (MB)', 1000000000").unwrap_err();
     assert!(err.to_string().contains("physical memory"), "{err}");
+    // In the unit sp_configure takes, MB, not in bytes.
+    assert!(
+        err.to_string()
+            .contains("max server memory 1000000000 MB is above this machine's physical memory ("),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("bytes"), "{err}");
 }
 
 #[test]
