@@ -17,6 +17,14 @@
 # fresh target directory covers that, for a few minutes of tests instead of the suite twice.
 # Only arguments are added to the test command; the command itself is the README's, unchanged.
 #
+# SEED_TARGET=DIR starts the fresh target directory with the registry crates another target
+# directory built (CI passes the checkout's, which `cargo build --release` and the test command
+# filled): hard links (copies across file systems) of their compiled files, build-script outputs
+# and fingerprints, in both profiles. Nothing of the workspace's own crates is taken (no library,
+# no binary, no fingerprint: a package with a cdylib has files without a hash in their names), so
+# the replay still builds every crate of the clone and every file the README's commands produce;
+# it only skips compiling the same registry crates a second time.
+#
 # KEEP=1 leaves the clone and the target directory (their path is printed).
 set -euo pipefail
 full=0
@@ -52,6 +60,37 @@ tests="${commands[1]}"
 
 git clone --quiet "$checkout" "$work/clone"
 export CARGO_TARGET_DIR="$work/target"
+if [[ -n "${SEED_TARGET:-}" ]]; then
+  # The workspace's package, library and binary names, as cargo names their files (both
+  # spellings; its test programs' files carry a hash of the clone's path).
+  own=()
+  while IFS= read -r name; do
+    own+=("$name" "${name//-/_}")
+  done < <(cargo metadata --manifest-path "$checkout/Cargo.toml" --format-version 1 --no-deps |
+    python3 -c 'import json, sys
+names = set()
+for p in json.load(sys.stdin)["packages"]:
+    names.add(p["name"])
+    names.update(t["name"] for t in p["targets"] if set(t["kind"]) & {"lib", "rlib", "cdylib", "bin"})
+print("\n".join(sorted(names)))')
+  seeded=0
+  for profile in debug release; do
+    for sub in deps build .fingerprint; do
+      from="$SEED_TARGET/$profile/$sub"
+      [[ -d "$from" ]] || continue
+      mkdir -p "$CARGO_TARGET_DIR/$profile/$sub"
+      for f in "$from"/*; do
+        base="${f##*/}"
+        for name in "${own[@]}"; do
+          [[ "$base" == "$name"-* || "$base" == "lib$name"-* || "$base" == "lib$name".* || "$base" == "$name".* ]] && continue 2
+        done
+        cp -al "$f" "$CARGO_TARGET_DIR/$profile/$sub/" 2>/dev/null || cp -a "$f" "$CARGO_TARGET_DIR/$profile/$sub/"
+        seeded=$((seeded + 1))
+      done
+    done
+  done
+  echo "readme-replay: seeded $CARGO_TARGET_DIR with $seeded entries of $SEED_TARGET (registry crates only)"
+fi
 cd "$work/clone"
 echo "readme-replay: fresh clone of $(git rev-parse --short HEAD), CARGO_TARGET_DIR=$CARGO_TARGET_DIR"
 
