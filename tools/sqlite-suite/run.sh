@@ -139,7 +139,7 @@ if [ "$BUILD" = 1 ]; then
   ( cd "$REPO" && cargo build --release -p sqlite-bpe -q )
 fi
 if [ "$SQLITE_VARIANT" = 3.50 ]; then TF="$BUILD_50/testfixture"; else TF="$BUILD_40/testfixture"; fi
-LIB="$REPO/target/release/libsqlite_bpe.so"
+LIB="${CARGO_TARGET_DIR:-$REPO/target}/release/libsqlite_bpe.so"
 [ -x "$TF" ] || { echo "no testfixture at $TF (run without --no-build)" >&2; exit 1; }
 [ -f "$LIB" ] || { echo "no $LIB (run without --no-build)" >&2; exit 1; }
 
