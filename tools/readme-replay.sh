@@ -61,28 +61,39 @@ tests="${commands[1]}"
 git clone --quiet "$checkout" "$work/clone"
 export CARGO_TARGET_DIR="$work/target"
 if [[ -n "${SEED_TARGET:-}" ]]; then
-  # The workspace's package, library and binary names, as cargo names their files (both
-  # spellings; its test programs' files carry a hash of the clone's path).
-  own=()
-  while IFS= read -r name; do
-    own+=("$name" "${name//-/_}")
-  done < <(cargo metadata --manifest-path "$checkout/Cargo.toml" --format-version 1 --no-deps |
-    python3 -c 'import json, sys
+  # The workspace's names as cargo names their files (both spellings): packages, libraries and
+  # binaries everywhere (.fingerprint/ and build/ are named by package); every target in deps/,
+  # where test programs keep the same hashed names in a clone of the same workspace.
+  names() {
+    cargo metadata --manifest-path "$checkout/Cargo.toml" --format-version 1 --no-deps |
+      python3 -c 'import json, sys
+every = sys.argv[1] == "all"
 names = set()
 for p in json.load(sys.stdin)["packages"]:
     names.add(p["name"])
-    names.update(t["name"] for t in p["targets"] if set(t["kind"]) & {"lib", "rlib", "cdylib", "bin"})
-print("\n".join(sorted(names)))')
+    names.update(t["name"] for t in p["targets"]
+                 if every or set(t["kind"]) & {"lib", "rlib", "cdylib", "bin"})
+for n in sorted(names):
+    print(n)
+    print(n.replace("-", "_"))' "$1"
+  }
+  mapfile -t own < <(names libs)
+  mapfile -t own_targets < <(names all)
   seeded=0
   for profile in debug release; do
     for sub in deps build .fingerprint; do
       from="$SEED_TARGET/$profile/$sub"
       [[ -d "$from" ]] || continue
       mkdir -p "$CARGO_TARGET_DIR/$profile/$sub"
+      skip=("${own[@]}")
+      [[ $sub == deps ]] && skip=("${own_targets[@]}")
       for f in "$from"/*; do
         base="${f##*/}"
         for name in "${own[@]}"; do
-          [[ "$base" == "$name"-* || "$base" == "lib$name"-* || "$base" == "lib$name".* || "$base" == "$name".* ]] && continue 2
+          [[ "$base" == "lib$name"-* || "$base" == "lib$name".* ]] && continue 2
+        done
+        for name in "${skip[@]}"; do
+          [[ "$base" == "$name"-* || "$base" == "$name".* ]] && continue 2
         done
         cp -al "$f" "$CARGO_TARGET_DIR/$profile/$sub/" 2>/dev/null || cp -a "$f" "$CARGO_TARGET_DIR/$profile/$sub/"
         seeded=$((seeded + 1))
