@@ -23,6 +23,14 @@
 # load the library, with SQLITE_BPE_LIBRARY unset). Each is skipped, with a line saying so,
 # when its tool (sqlite3, node, go) is not installed.
 #
+# SEED_TARGET=DIR starts the fresh target directory with the registry crates another target
+# directory built (CI passes the checkout's, which `cargo build --release` and the test command
+# filled): hard links (copies across file systems) of their compiled files, build-script outputs
+# and fingerprints, in both profiles. Nothing of the workspace's own crates is taken (no library,
+# no binary, no fingerprint: a package with a cdylib has files without a hash in their names), so
+# the replay still builds every crate of the clone and every file the README's commands produce;
+# it only skips compiling the same registry crates a second time.
+#
 # KEEP=1 leaves the clone and the target directory (their path is printed).
 set -euo pipefail
 full=0
@@ -58,6 +66,48 @@ tests="${commands[1]}"
 
 git clone --quiet "$checkout" "$work/clone"
 export CARGO_TARGET_DIR="$work/target"
+if [[ -n "${SEED_TARGET:-}" ]]; then
+  # The workspace's names as cargo names their files (both spellings): packages, libraries and
+  # binaries everywhere (.fingerprint/ and build/ are named by package); every target in deps/,
+  # where test programs keep the same hashed names in a clone of the same workspace.
+  names() {
+    cargo metadata --manifest-path "$checkout/Cargo.toml" --format-version 1 --no-deps |
+      python3 -c 'import json, sys
+every = sys.argv[1] == "all"
+names = set()
+for p in json.load(sys.stdin)["packages"]:
+    names.add(p["name"])
+    names.update(t["name"] for t in p["targets"]
+                 if every or set(t["kind"]) & {"lib", "rlib", "cdylib", "bin"})
+for n in sorted(names):
+    print(n)
+    print(n.replace("-", "_"))' "$1"
+  }
+  mapfile -t own < <(names libs)
+  mapfile -t own_targets < <(names all)
+  seeded=0
+  for profile in debug release; do
+    for sub in deps build .fingerprint; do
+      from="$SEED_TARGET/$profile/$sub"
+      [[ -d "$from" ]] || continue
+      mkdir -p "$CARGO_TARGET_DIR/$profile/$sub"
+      skip=("${own[@]}")
+      [[ $sub == deps ]] && skip=("${own_targets[@]}")
+      for f in "$from"/*; do
+        base="${f##*/}"
+        for name in "${own[@]}"; do
+          [[ "$base" == "lib$name"-* || "$base" == "lib$name".* ]] && continue 2
+        done
+        for name in "${skip[@]}"; do
+          [[ "$base" == "$name"-* || "$base" == "$name".* ]] && continue 2
+        done
+        cp -al "$f" "$CARGO_TARGET_DIR/$profile/$sub/" 2>/dev/null || cp -a "$f" "$CARGO_TARGET_DIR/$profile/$sub/"
+        seeded=$((seeded + 1))
+      done
+    done
+  done
+  echo "readme-replay: seeded $CARGO_TARGET_DIR with $seeded entries of $SEED_TARGET (registry crates only)"
+fi
 cd "$work/clone"
 echo "readme-replay: fresh clone of $(git rev-parse --short HEAD), CARGO_TARGET_DIR=$CARGO_TARGET_DIR"
 

@@ -227,11 +227,7 @@ fn child_churn(dir: &Path) {
     let read_errors = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     // The watchdog inside: progress must not stop.
-    exit_if_stalled(
-        opens.clone(),
-        Duration::from_secs(10),
-        "connections opened or closed",
-    );
+    exit_if_stalled(opens.clone(), STALL, "connections opened or closed");
     let threads: Vec<_> = (0..CHURN_THREADS)
         .map(|t| {
             let dbs = dbs.clone();
@@ -309,6 +305,10 @@ fn child_churn(dir: &Path) {
 /// watchdog.
 const CHURN_SECONDS: &str = "5";
 const CHURN_WATCHDOG: Duration = Duration::from_secs(60);
+/// How long a child's progress counter may stand still before its watchdog calls it hung: a
+/// hang never moves again, and a loaded machine (a shared CI runner at load 20) can stall a
+/// thread for seconds, so this is generous; below the parents' watchdogs (60 s and more).
+const STALL: Duration = Duration::from_secs(30);
 
 fn churn(dir: &Path, full_every: usize) -> ChildRun {
     for f in ["a.db", "b.db", "a.db-journal", "b.db-journal"] {
@@ -424,7 +424,7 @@ fn child_wal_churn(dir: &Path) {
     let reads_before = counter(&counters, "Page reads/sec");
     let forgets_before = counter(&counters, "File cache invalidations");
     let done = Arc::new(AtomicU64::new(0));
-    exit_if_stalled(done.clone(), Duration::from_secs(10), "lookups");
+    exit_if_stalled(done.clone(), STALL, "lookups");
     let threads: Vec<_> = (0..WAL_CHURN_THREADS)
         .map(|t| {
             let (db, done) = (db.clone(), done.clone());
@@ -1715,11 +1715,7 @@ fn child_random(dir: &Path) {
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let failed = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(AtomicU64::new(0));
-    exit_if_stalled(
-        progress.clone(),
-        Duration::from_secs(15),
-        "operations finished",
-    );
+    exit_if_stalled(progress.clone(), STALL, "operations finished");
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             let (dbs, failed, progress) = (dbs.clone(), failed.clone(), progress.clone());

@@ -1,6 +1,9 @@
 //! One random SQL workload through `bpe` and through the plain unix VFS, with tiny memory and a
 //! tiny extension to force churn through both tiers, in both journal modes: every query result
 //! and the final database bytes must be identical, and integrity_check ok.
+//!
+//! `BPE_DIFFERENTIAL_STEPS` sets the steps per journal mode (default 1000; the test's churn
+//! check fails if too few steps leave both tiers without evictions and extension reads).
 
 mod common;
 use common::*;
@@ -74,6 +77,14 @@ fn step(conn: &Connection, op: u32, a: i64, b: i64, len: usize) -> String {
     }
 }
 
+/// Steps per journal mode: enough for the database to outgrow both tiers several times over.
+fn steps() -> usize {
+    std::env::var("BPE_DIFFERENTIAL_STEPS").map_or(1000, |v| {
+        v.parse()
+            .expect("BPE_DIFFERENTIAL_STEPS: a whole number of steps")
+    })
+}
+
 fn run(journal: &str, seed: u64) {
     let dir = tempdir();
     let (pa, pb) = (dir.path().join("bpe.db"), dir.path().join("unix.db"));
@@ -92,7 +103,7 @@ fn run(journal: &str, seed: u64) {
         .unwrap();
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    for i in 0..2000 {
+    for i in 0..steps() {
         let (op, x, y) = (
             rng.gen_range(0..100),
             rng.gen_range(0..3000),
@@ -104,6 +115,7 @@ fn run(journal: &str, seed: u64) {
     }
     let ext_reads = counter(&admin, "Extension page reads/sec");
     let evictions = counter(&admin, "Lazy writes/sec");
+    println!("{journal}: {evictions} evictions, {ext_reads} extension page reads");
     for c in [&a, &b] {
         let ok: String = c
             .query_row("PRAGMA integrity_check", [], |r| r.get(0))
