@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Replays the README's two set-up commands as a newcomer runs them: literally, in a fresh clone
 # of this checkout's HEAD, with CARGO_TARGET_DIR set to a directory of its own (a common setting
-# that once broke the tests' lookup of the library, issue 29). The commands are read from the
+# that once broke the tests' lookup of the library). The commands are read from the
 # README's first fenced code block, which must hold exactly the two of them.
 #
 #   tools/readme-replay.sh          the demo command in full; the test command literally with

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Instructions per lookup, bpe beside stock SQLite, counted by callgrind: the CPU work of a
 # fits-in-memory point lookup (`bench autocommit`) without this machine's timing noise (single
-# runs of the same pair move by ±20 % here; the counts repeat to within 1 %). Each
+# runs of the same pair move far more than the differences sought; the counts repeat). Each
 # configuration's process runs under callgrind, which counts only inside the measured loop
 # (`ConfigResult::measure`); a count is that loop's instructions over its lookups. The loop runs
-# about 50 times slower under callgrind, so it does about 2 % of its usual lookups.
+# much slower under callgrind, so it does only a small share of its usual lookups.
 #
 #   cargo build --release && tools/bench/instructions.sh [CONFIGS] [SECONDS]
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A shared extension against a private one, side by side (issue 27: the shared path's cost per
+# A shared extension against a private one, side by side (the shared path's cost per
 # lookup and per write). Rounds alternate which arm runs first, so that the disk's drift over
 # the run falls on both. In-process emulated ssd data device (100 us per read, 1 ms per sync);
 # lookup: limited_memory_bpe (200,000 rows, 32 MB + 512 MB extension); oltp: memory_25_bpe

@@ -19,7 +19,7 @@ pub const STOCK_PROCESS_ALLOWANCE_MB: u64 = 16;
 
 /// The memory cgroup of a stock configuration with a memory budget of `memory_mb` (every
 /// benchmark's default; `--cgroup-mb` overrides it): SQLite's page cache of `memory_mb`, the OS
-/// page cache held to the same budget (issue 13: "the OS page cache held to the same budget"),
+/// page cache held to the same budget (the comparison the benchmarks promise stock SQLite),
 /// and [`STOCK_PROCESS_ALLOWANCE_MB`] for the process. Stock SQLite thus keeps up to twice
 /// what bpe keeps in RAM (its pages may sit in both caches).
 pub fn stock_budget_mb(memory_mb: u64) -> u64 {

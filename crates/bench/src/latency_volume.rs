@@ -1,8 +1,8 @@
 //! A network volume's latency under the slow volume: `--data-device slowvol:gp3+1ms`.
 //!
 //! The blkio throttle caps the loop device's IOPS but adds no latency below the cap, so on this
-//! machine's fast disk a "gp3" volume answers a read in 40 µs where a real gp3 volume, a network
-//! device, takes about a millisecond. That is why the extension gained little on it: an L2 read
+//! machine's fast disk a "gp3" volume answers a read in tens of microseconds, at the fast disk's
+//! own speed, where a real gp3 volume, a network device, takes about a millisecond. That is why the extension gained little on it: an L2 read
 //! cost what a volume read cost. With a latency, the loop device's image is not a plain file on the
 //! fast disk but the one file of a FUSE file system served by this module, which holds each
 //! request (read, write, flush) for the latency before it serves it from the image on the fast

@@ -255,7 +255,7 @@ impl Plan {
     /// `sqlite-bpe demo`'s plan: the experiment at demo scale (80,000 rows, about 80 MB;
     /// 10,000 lookups; 16 MB of memory; an extension four times the table), in three of its
     /// configurations (ram_resident, limited_memory, limited_memory_bpe), without the physical
-    /// reference. About a minute on an emulated 2 ms disk.
+    /// reference. Short enough for a first look (docs/BENCHMARKS.md, "The demo", has a run).
     pub fn demo() -> Plan {
         Plan {
             rows: 80_000,

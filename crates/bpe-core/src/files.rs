@@ -122,8 +122,8 @@ pub struct CachedFile {
 /// A plain SQLite writer in rollback mode says nothing about which pages it changed, so each of
 /// its commits empties the file's cache here (`Engine::invalidate_file`) and the next reads go
 /// to the device with O_DIRECT; stock SQLite refills from the OS page cache, where the writer's
-/// pages are, in about a microsecond a page (issue 25: 4.9-7.3x stock's read time beside such a
-/// writer). After [`REWRITE_STREAK`] whole-file invalidations each within
+/// pages are, far sooner than a device read: beside such a writer bpe's reads took several
+/// times stock's. After [`REWRITE_STREAK`] whole-file invalidations each within
 /// [`REWRITE_GAP_MS`] of the one before, the file's reads go through the OS page cache, until
 /// none has come for [`REWRITE_QUIET_MS`]. Freshness does not change: the cache tiers are
 /// emptied as before; only where a miss is read from does.
@@ -761,7 +761,7 @@ mod tests {
         }
     }
 
-    /// Issue 30: on a file system that keeps whole seconds, a stamp taken half a second after
+    /// On a file system that keeps whole seconds, a stamp taken half a second after
     /// the change it shows cannot vouch for the file: a write later in that second keeps it.
     #[test]
     fn a_stamp_is_racy_for_twice_the_granularity_its_times_show() {

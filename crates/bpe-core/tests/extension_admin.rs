@@ -279,7 +279,7 @@ fn a_data_file_read_error_reaches_the_caller_and_nothing_is_cached() {
     assert_eq!((decode(&bytes), tier), (Some((3, 0)), Tier::DataFile));
 }
 
-/// Issue 26: the engine owns the rules a batch of changes is checked by. Each change is checked
+/// The engine owns the rules a batch of changes is checked by. Each change is checked
 /// against what the ones before it leave, the first refusal names its index, and nothing
 /// changes either way.
 #[test]

@@ -382,7 +382,7 @@ fn a_clean_close_writes_the_pages_still_queued_before_its_checkpoint() {
     );
 }
 
-/// Issue 27, item 5: private, then shared, then private use of one extension path. The shared
+/// Private, then shared, then private use of one extension path. The shared
 /// engines rewrite the ring with another file's pages; the private checkpoint written before
 /// must not come back over them (its entries would point at the other file's bytes: checksum
 /// failures on every read, and an extension switched off after enough of them).

@@ -262,7 +262,7 @@ fn frames_read_under_an_earlier_attachment_are_not_admitted_to_a_later_one() {
     }
 }
 
-/// Issue 27 (2): a process's own write leaves the file a stamp within a clock tick of it,
+/// A process's own write leaves the file a stamp within a clock tick of it,
 /// which cannot vouch for the file's entries; if nothing vouched later, the next process to
 /// bind the file would give it a new key and throw away its shared pages. The stamp the
 /// process's change detection verified afterwards (clear of the racy window) vouches at its

@@ -522,7 +522,7 @@ fn data_files_are_read_with_o_direct_where_the_file_system_allows() {
 
 use std::os::unix::fs::OpenOptionsExt;
 
-/// Issue 25: a file another program rewrites several times a second (each change empties its
+/// A file another program rewrites several times a second (each change empties its
 /// cache) has its misses read through the OS page cache, where that program's writes are; the
 /// pages read are still the file's current ones.
 #[test]

@@ -41,7 +41,7 @@ fn entry(pid: u32) -> Option<serde_json::Value> {
 }
 
 /// The shell is started as the benchmarks start their configurations' processes, through
-/// `/proc/self/exe` as its argv[0] (issue 29: they were listed as `/proc/self/exe`): the list
+/// `/proc/self/exe` as its argv[0] (they were once listed as `/proc/self/exe`): the list
 /// names the executable.
 #[test]
 fn the_monitor_lists_a_live_engine_reads_its_rates_and_forgets_it_when_it_exits() {
@@ -133,7 +133,7 @@ fn the_monitor_lists_a_live_engine_reads_its_rates_and_forgets_it_when_it_exits(
     );
 }
 
-/// Issue 29: a failing command prints its error alone, on one line, even where RUST_BACKTRACE
+/// A failing command prints its error alone, on one line, even where RUST_BACKTRACE
 /// is set (it used to print anyhow's Debug form: the error and a 20-frame backtrace).
 #[test]
 fn an_error_is_printed_alone_even_with_rust_backtrace_set() {
@@ -198,7 +198,7 @@ fn monitor_over_a_forged_directory(args: &[&str]) -> std::process::Output {
     out
 }
 
-/// Issue 30: another local user who makes `/dev/shm/sqlite-bpe-<uid>` before this user does
+/// Another local user who makes `/dev/shm/sqlite-bpe-<uid>` before this user does
 /// cannot show this user's monitor a forged sample (a sample that names a live process of
 /// this user, with its start time): the monitor reads only from this user's own directory
 /// (mode 0700, not a link), and says why it does not read that one. The real /dev/shm is not

@@ -246,7 +246,7 @@ PRAGMA bpe_extension;
     assert_has(&run.stdout, "file=test.db,null", "FILE_NAME");
     assert_has(&run.stdout, "name_ends=1,null", "DB_NAME");
     // The decoded report's `cast(free_space_in_bytes as numeric)/1024` divides as T-SQL's
-    // decimal does (issue 29: SQLite's NUMERIC cast kept integers, and the division gave 0).
+    // decimal does (SQLite's NUMERIC cast once kept integers, and the division gave 0).
     assert_has(
         &run.stdout,
         "fractions=1",

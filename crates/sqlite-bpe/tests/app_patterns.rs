@@ -183,7 +183,7 @@ fn have_shell() -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issues 1 and 2: four threads opening, reading and closing connections on two databases.
+// Four threads opening, reading and closing connections on two databases.
 
 const CHURN_THREADS: usize = 4;
 const CHURN_ROWS: i64 = 430;
@@ -208,8 +208,8 @@ fn churn_db(path: &Path) {
 
 /// Each thread opens a connection, reads, closes, until `seconds` have passed; two threads on
 /// each database (pairs race each other's last close far more often than four threads
-/// alternating between the databases: a hang within ~2 s in every run measured, against a
-/// median of ~4 s); every `full_every`-th connection reads all rows (the issue's ~430),
+/// alternating between the databases: a hang came sooner and in every run); every
+/// `full_every`-th connection reads all rows (as many as the application that hung read),
 /// the others only count them (more opens and closes per second: more chances at a race).
 /// Prints `OPENS n`, `OPEN ERRORS n`, `READ ERRORS n` and a line per distinct error; if no
 /// connection finishes for 10 s, prints `HUNG` and exits with status 3.
@@ -325,7 +325,7 @@ fn churn(dir: &Path, full_every: usize) -> ChildRun {
     )
 }
 
-/// Issue 1: a lock-order inversion between the map of per-file state and a file's opener count
+/// A lock-order inversion between the map of per-file state and a file's opener count
 /// hung the process forever, sometimes, in exactly this pattern (four threads opening a
 /// connection, reading and closing it, on two databases). Most connections only count the
 /// rows, so that more opens and closes race in the time.
@@ -342,17 +342,17 @@ fn four_threads_opening_reading_and_closing_connections_never_hang() {
     println!("{}", r.stdout);
 }
 
-/// Issue 2: a new open raced the previous last connection's close of the same file and was
-/// refused with SQLITE_BUSY ("database is locked"): one process refused by itself. (With issue
-/// 1 fixed, measured: 74-172 refusals in every 5 s run of this mix, 2-83 with every connection
-/// reading all rows.)
+/// A new open raced the previous last connection's close of the same file and was
+/// refused with SQLITE_BUSY ("database is locked"): one process refused by itself. (With the
+/// deadlock above fixed, every run of this mix still saw refusals, with or without every
+/// connection reading all rows.)
 #[test]
 fn a_process_is_never_refused_by_itself_while_its_connections_open_and_close() {
     let dir = tempdir();
     let r = churn(dir.path(), 8);
     assert!(
         !r.timed_out && !r.stdout.contains("HUNG"),
-        "the process hung (issue 1's deadlock) before the errors could be counted:\n{}",
+        "the process hung (the lock-order deadlock) before the errors could be counted:\n{}",
         r.describe()
     );
     assert!(r.success, "the child failed:\n{}", r.describe());
@@ -368,7 +368,7 @@ fn a_process_is_never_refused_by_itself_while_its_connections_open_and_close() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 25: threads opening a connection per lookup on one WAL database, nobody writing.
+// Threads opening a connection per lookup on one WAL database, nobody writing.
 
 const WAL_CHURN_THREADS: usize = 4;
 const WAL_CHURN_CONNECTIONS: usize = 250;
@@ -480,9 +480,9 @@ fn child_wal_churn(dir: &Path) {
 
 /// A lookup per connection on several threads, with nobody writing: every page comes from the
 /// database file once, whatever the opens and closes race (the last close deletes the WAL, the
-/// next open creates it and the wal-index anew). Found measuring issue 25: each whole-file
-/// forget made the next lookups read their pages again, and the cache ran at 0.4x stock's
-/// speed in this shape.
+/// next open creates it and the wal-index anew). Found measuring a connection per lookup: each
+/// whole-file forget made the next lookups read their pages again, and the cache ran well
+/// below stock's speed in this shape.
 #[test]
 fn threads_opening_a_connection_per_lookup_on_a_wal_database_read_each_page_once() {
     let dir = tempdir();
@@ -532,7 +532,7 @@ fn threads_opening_a_connection_per_lookup_beside_a_writer_never_read_a_stale_ro
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 4: pages larger than the extension's slot were never cached in it.
+// Pages larger than the extension's slot were never cached in it.
 
 fn checked_db(path: &Path, page_size: usize, rows: i64) {
     let c = open_unix(path);
@@ -670,7 +670,7 @@ fn child_slots(dir: &Path, by_sql: bool) {
     scan_checked(&b, SLOT_ROWS);
 }
 
-/// Issue 4, the extension enabled at load (BPE_EXTENSION_FILE) before any database is open.
+/// Pages larger than the slot, the extension enabled at load (BPE_EXTENSION_FILE) before any database is open.
 #[test]
 fn pages_of_every_size_reach_an_extension_enabled_at_load() {
     let dir = tempdir();
@@ -690,7 +690,7 @@ fn pages_of_every_size_reach_an_extension_enabled_at_load() {
     assert!(r.success, "{}", r.describe());
 }
 
-/// Issue 4, the extension enabled by SQL before the first read of the 16 KiB database.
+/// Pages larger than the slot, the extension enabled by SQL before the first read of the 16 KiB database.
 #[test]
 fn pages_of_every_size_reach_an_extension_enabled_by_sql_before_they_are_read() {
     let dir = tempdir();
@@ -699,7 +699,7 @@ fn pages_of_every_size_reach_an_extension_enabled_by_sql_before_they_are_read() 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 5: a readonly_shm connection and a foreign commit + truncating checkpoint (walro2 3.2).
+// A readonly_shm connection and a foreign commit + truncating checkpoint (walro2 3.2).
 
 fn kv_value(c: &Connection) -> rusqlite::Result<String> {
     c.query_row("SELECT v FROM kv WHERE k = 7", [], |r| r.get(0))
@@ -787,7 +787,7 @@ fn a_readonly_shm_connection_sees_another_process_commit_and_truncate_the_wal() 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 6: a database file changed outside SQLite's locking protocol while this process has it
+// A database file changed outside SQLite's locking protocol while this process has it
 // open is read fresh at the next read transaction, by a new connection and by the one that had it
 // open, as with plain SQLite (each scenario is run against the unix VFS first, as the reference).
 
@@ -1038,7 +1038,7 @@ fn a_database_swapped_by_rename_is_read_fresh_by_a_new_connection() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 7: SQLITE_FCNTL_CHUNK_SIZE on truncate.
+// SQLITE_FCNTL_CHUNK_SIZE on truncate.
 
 const CHUNK: i32 = 64 * 1024;
 
@@ -1114,7 +1114,7 @@ fn a_chunk_size_is_kept_when_the_file_shrinks_as_with_the_unix_vfs() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 8: the extension file must never be a file SQLite opens.
+// The extension file must never be a file SQLite opens.
 
 /// The names SQLite gives a database's companion files (the super-journal's is `-mj` and hex).
 const COMPANIONS: &[&str] = &["-wal", "-shm", "-journal", "-mjABCDEF901"];
@@ -1344,7 +1344,7 @@ fn opening_the_extension_file_as_a_database_fails_and_the_extension_goes_on() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 9: the database path opened three times (SQLite's descriptor and bpe's two) must be one
+// The database path opened three times (SQLite's descriptor and bpe's two) must be one
 // file, even while another thread exchanges two databases' names.
 
 fn exchange(a: &Path, b: &Path) -> bool {
@@ -1445,8 +1445,8 @@ fn sqlite_and_bpe_open_the_same_file_while_names_are_exchanged() {
     let mut problems = Vec::new();
     let (mut opened, mut refused) = (0, 0);
     let started = Instant::now();
-    // ~20 ms an open while the names fly (the exchanges contend for the directory): a few
-    // seconds. Today about one open in twelve is split across the two files.
+    // Opens are slow while the names fly (the exchanges contend for the directory): a few
+    // seconds of them, enough for some opens to be split across the two files.
     for round in 0..300 {
         if started.elapsed() > Duration::from_secs(6) {
             break;
@@ -1502,7 +1502,7 @@ fn sqlite_and_bpe_open_the_same_file_while_names_are_exchanged() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 10: bad input handled one way, whatever way it comes in.
+// Bad input handled one way, whatever way it comes in.
 
 /// A text of several statements is validated whole before anything runs: the memory setting
 /// before a failing ON must not be applied.

@@ -363,7 +363,7 @@ fn bad_environment_settings_fail_the_load_naming_the_variable() {
     }
 }
 
-/// Issue 30: a load that fails registers nothing. `BPE_DEFAULT_VFS` with a value other than 0
+/// A load that fails registers nothing. `BPE_DEFAULT_VFS` with a value other than 0
 /// or 1 fails the load naming the variable, and the `bpe` VFS does not exist afterwards (it
 /// used to be registered before the variable was read, and stayed usable).
 #[test]
@@ -391,7 +391,7 @@ fn a_failed_load_registers_no_vfs() {
     }
 }
 
-/// Issue 29: the environment follows the rules SQL follows and says so in the same words. A
+/// The environment follows the rules SQL follows and says so in the same words. A
 /// relative `BPE_EXTENSION_FILE` fails the load (it used to leave the VFS working without an
 /// extension, a warning in sqlite3_log), registering nothing and creating no file; an extension
 /// not larger than max server memory is refused with SQL's `Msg 868` and its sizes in MB (the
@@ -471,7 +471,7 @@ fn peer_log_of(db: &Path) -> PathBuf {
 /// The commit log's size: 64 KiB of entries and its header (vfs/peer_log.rs SIZE).
 const PEER_LOG_BYTES: u64 = 64 + 4096 * 16;
 
-/// Issue 30: our own files in /dev/shm (`sqlite-bpe-*`: a database's commit log, the per-user
+/// Our own files in /dev/shm (`sqlite-bpe-*`: a database's commit log, the per-user
 /// directory of shared memory and published counters) are never an extension. The commit log
 /// of an open database used to be taken when it was not there yet (and then cut to the log's
 /// size by the next commit), and refused only as "a file" when it was; now both are refused
@@ -531,7 +531,7 @@ fn an_extension_at_our_own_files_in_dev_shm_is_refused_and_leaves_them_as_they_w
     assert_no_caught_panic("extensions at our own files");
 }
 
-/// Issue 24: a base VFS that is not registered, or bpe named as its own base, fails the open
+/// A base VFS that is not registered, or bpe named as its own base, fails the open
 /// with the reason, and creates no file.
 #[test]
 fn a_base_vfs_that_cannot_be_used_fails_the_open_naming_it() {

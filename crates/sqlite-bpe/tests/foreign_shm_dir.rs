@@ -1,4 +1,4 @@
-//! Issue 30: another local user who makes this user's directory under /dev/shm
+//! Another local user who makes this user's directory under /dev/shm
 //! (`/dev/shm/sqlite-bpe-<uid>`, where a shared extension's index and the counters for
 //! `sqlite-bpe monitor` live) before this user does. Nothing of ours goes there then (refusing
 //! is right), but the refusal must be visible: the extension's `private_because` and

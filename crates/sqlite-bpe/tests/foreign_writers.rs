@@ -159,7 +159,7 @@ fn bpe_readers_beside_a_plain_writer_never_see_a_stale_row() {
     );
 }
 
-/// Issue 28, step by step, every step but A a separate plain `sqlite3` process: frames
+/// A missed commit, step by step, every step but A a separate plain `sqlite3` process: frames
 /// appended to a WAL after A last looked, backfilled, then the WAL restarted by another writer.
 #[test]
 fn a_wal_restart_after_frames_backfilled_unseen_serves_no_stale_row() {

@@ -1,4 +1,4 @@
-//! A full /dev/shm (issue 28): the stock sqlite3 shell, in a private mount namespace whose
+//! A full /dev/shm: the stock sqlite3 shell, in a private mount namespace whose
 //! /dev/shm is a 1 MB tmpfs filled to the last byte, loads the extension, opens a database with
 //! vfs=bpe and reads and writes it like plain SQLite does there. Nothing of ours that lives in
 //! /dev/shm (the rollback-mode commit log shared by bpe processes, a shared extension's index)
@@ -200,7 +200,7 @@ fn a_full_dev_shm_leaves_a_wal_database_readable_and_writable() {
     check("wal", Extension::None);
 }
 
-/// Issue 27, item 4: an extension shared by default falls back to a private one where /dev/shm
+/// An extension shared by default falls back to a private one where /dev/shm
 /// cannot hold its index (a container's 64 MiB), and says why.
 #[test]
 fn a_full_dev_shm_makes_a_shared_extension_private_with_the_reason_and_the_database_still_works() {

@@ -29,9 +29,10 @@ const READS_PER_THREAD: usize = 16_000;
 /// Each connection's own SQLite page cache (pages), the same in both VFSes.
 const SQLITE_CACHE_PAGES: i64 = 64;
 /// What the process may hold above the baseline besides max server memory: the fixed overhead
-/// docs/RELIABILITY.md promises. Measured at 16 threads: ~14.5 MiB, of which ~8.3 MiB is SQLite's
-/// own (the unix VFS's figure: 16 page caches of 64 pages, thread stacks) and ~6 MiB the engine's
-/// (the slab's slack, frame headers, per-read buffers). With per-page mallocs it was ~27 MiB.
+/// docs/RELIABILITY.md promises. At 16 threads more than half of it is SQLite's own (the unix
+/// VFS's figure: 16 page caches of 64 pages, thread stacks), the rest the engine's (the slab's
+/// slack, frame headers, per-read buffers); per-page mallocs took more than the bound
+/// (docs/BENCHMARKS.md, "Figures moved from source comments").
 const FIXED_OVERHEAD: u64 = 24 << 20;
 
 const CHILD: &str = "BPE_MEMORY_CHILD";

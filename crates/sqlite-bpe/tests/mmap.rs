@@ -1,4 +1,4 @@
-//! SQLite's memory-mapped reads on bpe databases (`PRAGMA mmap_size` > 0, issue 25): pages are
+//! SQLite's memory-mapped reads on bpe databases (`PRAGMA mmap_size` > 0): pages are
 //! handed out in place from L1 (`xFetch`), not copied, and never stale: a plain (unix VFS)
 //! writer's commits are seen by a long-lived bpe reader with memory-mapped reads on, in both
 //! journal modes.

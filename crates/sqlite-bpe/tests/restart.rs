@@ -359,7 +359,7 @@ fn next_second() {
     ));
 }
 
-/// Issue 30: on a file system whose timestamps keep whole seconds, a plain-SQLite commit in
+/// On a file system whose timestamps keep whole seconds, a plain-SQLite commit in
 /// the same second as a bpe process's last write left the stamp equal, and the next bpe
 /// process restored and served the old pages. A stamp is now racy for twice the granularity
 /// its times show; a warm restart still works once the file has aged.

@@ -27,11 +27,10 @@ const MAX_MEMORY_MB: u64 = 4;
 /// What a process holds besides the pool and the index: SQLite's page cache per connection (64
 /// pages × 5 connections here), its schema and statement caches, the thread stacks, the
 /// extension's staging queue (up to 1024 pages waiting for the writer) and its 512 KiB write
-/// buffer, the allocator's slack. Measured on the 2-core development machine with 4 MB of max
-/// server memory: 8 s debug runs peak 8.2-8.6 MiB above the process's RSS at start (~4.5 MiB of
-/// overhead); a 60 s release run, churning 35,000 reads/s, peaked 18.4 MiB above it (~14 MiB: the
-/// staging queue full of evicted frames, and malloc's arenas for 5 threads). The bound allows
-/// 24 MiB. docs/RELIABILITY.md.
+/// buffer, the allocator's slack. A long release run holds the most (the staging queue full of
+/// evicted frames, and malloc's arenas for 5 threads); the bound leaves room above what short
+/// debug and long release runs were measured at (docs/BENCHMARKS.md, "Figures moved from
+/// source comments"). docs/RELIABILITY.md.
 const FIXED_OVERHEAD: u64 = 24 << 20;
 
 fn seconds() -> u64 {

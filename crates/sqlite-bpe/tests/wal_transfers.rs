@@ -1,4 +1,4 @@
-//! The transfer oracle of issue 30: several processes move money between accounts and check,
+//! The transfer oracle: several processes move money between accounts and check,
 //! inside every read transaction, that nothing they see is wrong.
 //!
 //! Processes of four kinds share one database (this test binary re-executed as children): plain

@@ -12,12 +12,11 @@
 //! starts over: it grows until [`WAL_RESTART_FRAMES`], where the checkpointer stops the writers
 //! for a `RESTART`, and meanwhile nearly every commit makes a checkpoint due.
 //!
-//! Two other rules were measured on `slowvol:gp3` (issue 25, docs/BENCHMARKS.md, "The writers'
-//! queue checkpoints as SQLite would"): this benchmark's first (a checkpoint back to back while
+//! Two other rules were measured on `slowvol:gp3` (docs/BENCHMARKS.md, "The writers' queue
+//! checkpoints as SQLite would"): this benchmark's first (a checkpoint back to back while
 //! 1,000 frames or more waited, every 20 ms otherwise) and one checkpoint per 1,000 new frames.
-//! Of the three, this one gave bpe against stock 1.01x with `synchronous = NORMAL` (the others
-//! 0.85x and 0.75x) and 0.97x with `FULL` (0.93x and 1.06x); it is kept for following SQLite's
-//! own rule, not for those ratios.
+//! Of the three, this one did best with `synchronous = NORMAL` and about as well as the others
+//! with `FULL`; it is kept for following SQLite's own rule, not for those ratios.
 
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};

@@ -127,8 +127,8 @@ const QUICK_QUERIES: [u32; 5] = [1, 4, 5, 6, 12];
 pub fn run(a: &DwArgs) -> anyhow::Result<BenchReport> {
     let c = &a.common;
     // The seed does not say its scale. 0.1 is the largest at which the run without the
-    // extension finishes within the hour on an emulated 1 ms disk (35:42; it grows at least
-    // linearly with the data, so SF 1 would take most of a day).
+    // extension finishes within the hour on an emulated 1 ms disk (docs/BENCHMARKS.md has the
+    // time; it grows at least linearly with the data, so SF 1 would take most of a day).
     let scale = a.scale.unwrap_or(if c.quick { 0.02 } else { 0.1 });
     // --quick keeps to queries that finish in seconds without the extension on an emulated slow
     // disk (the others re-read tables by random lookups: minutes each), so that it stays under

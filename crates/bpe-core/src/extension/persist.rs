@@ -32,7 +32,8 @@ use std::time::Instant;
 /// `Extension::checkpoint_next` when the file holds no checkpoint in force.
 pub(super) const NO_CHECKPOINT: usize = usize::MAX;
 
-/// Entries indexed per hold of the tables' lock during an adoption (~1 ms of work).
+/// Entries indexed per hold of the tables' lock during an adoption: a short hold, so that
+/// lookups waiting for the lock are not held up by the whole adoption.
 const ADOPT_CHUNK: usize = 4096;
 
 impl Extension {

@@ -1,7 +1,7 @@
 //! A millisecond clock for the hit path. Every L1 hit stamps its frame's last access; the
-//! precise monotonic clock (`Instant`) costs a vDSO call of ~20 ns there, about 2 % of a cached
-//! lookup's time under perf. The coarse clock reads the kernel's tick (1-10 ms resolution) in a
-//! few ns, and last-access times are in milliseconds anyway.
+//! precise monotonic clock (`Instant`) costs a vDSO call there, a share of a cached lookup's
+//! time that shows under perf. The coarse clock reads the kernel's tick (1-10 ms resolution)
+//! for far less, and last-access times are in milliseconds anyway.
 
 /// Milliseconds since the clock was made, from the kernel's coarse monotonic clock.
 #[derive(Clone, Copy, Debug)]

@@ -54,8 +54,8 @@ impl Replacer {
     /// Without this every rewrite entered the small queue with no accesses, however hot the
     /// page: in WAL mode SQLite then reads the page from the WAL, not from L1, so the new frame
     /// saw no hit before the small queue evicted it, and each page a checkpoint rewrote went
-    /// round through L2 (issue 25: TPC-C at 25 % memory read two to three L2 pages a
-    /// transaction so). A page read once and then written (a large UPDATE) stays on probation,
+    /// round through L2 (TPC-C with a quarter of the database in memory read several L2 pages
+    /// a transaction so). A page read once and then written (a large UPDATE) stays on probation,
     /// so a scan that writes flushes the hot set no more than a scan that reads.
     pub fn push_rewritten(&mut self, frame: &Arc<Frame>, old: Standing) {
         // fetch_max: the new frame is in the page table already and may have been hit since.

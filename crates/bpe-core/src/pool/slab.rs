@@ -303,7 +303,7 @@ impl Slab {
 /// process, started at the first request), which makes them one huge page once L1 stops
 /// growing (see [`run_collapser`]). Why not `MADV_HUGEPAGE` on the region: its faults would
 /// allocate, zero and (with the kernel's usual `defrag = madvise`) compact for 2 MiB on the
-/// query's thread, which made speedtest1's insert-heavy tests 10-25 % slower. The hits gain
+/// query's thread, which made speedtest1's insert-heavy tests noticeably slower. The hits gain
 /// either way: a copy out of a huge page rarely misses the TLB.
 /// Resident memory does not grow: every chunk of the range is below the limit (a shrink may
 /// since have returned some, which the collapse brings back as zeros: at most 2 MiB).
@@ -345,7 +345,7 @@ fn collapse_in_background(slab: &Arc<SlabInner>, first: u32) {
 
 /// The collapser thread. A collapse takes the process's memory-map lock and locks the pages of
 /// its range while it copies them: done while L1 grows (a table being filled, an index being
-/// built), it slowed speedtest1's insert tests by 5-35 %. So the ranges wait until L1 has
+/// built), it slowed speedtest1's insert tests. So the ranges wait until L1 has
 /// stopped growing for a second (`QUIET`: no new range), or for at most 30 s (`LONGEST_WAIT`,
 /// also while it keeps growing); then each is collapsed, and tried again 50 ms later while the
 /// kernel finds its pages too fresh (`EAGAIN`), at most 20 times. Ranges are held weakly: a

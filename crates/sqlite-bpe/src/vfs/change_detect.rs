@@ -84,9 +84,8 @@ pub struct FileWatch {
 
 /// A WAL read transaction with nothing to checkpoint takes the file's stamp if the last one is
 /// this old, and at the first after any connection of ours opens the file. The stamp is a
-/// system call (0.66 µs here), and a one-row read transaction costs about 3 µs: taken at each,
-/// it made speedtest1's 140,000 one-row SELECTs (test 410) 19 % slower, where stock SQLite
-/// makes no call at all. A write outside SQLite's protocol is so seen by every read transaction
+/// system call, a sizeable part of what a one-row read transaction costs: taken at each, it
+/// made speedtest1's one-row SELECTs markedly slower, where stock SQLite makes no call at all. A write outside SQLite's protocol is so seen by every read transaction
 /// that begins this long after it ends, and by every connection opened after it, unless
 /// another process commits within that time (frames then wait, and a changed stamp can be a
 /// checkpoint); a write transaction of ours after a skipped look looks first. SQLite's own page

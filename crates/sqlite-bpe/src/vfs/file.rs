@@ -475,7 +475,7 @@ unsafe extern "C" fn truncate(f: *mut sqlite3_file, size: i64) -> c_int {
         // (simulated errors in its test builds, system-call overrides) see the probe as one of
         // its calls. If it fails, so does the truncation, with SQLite's code: a failure SQLite
         // was told of (its test builds count an injected error as hit) must not end in a
-        // success (issue 24: ioerr2.test 7.215.3 committed after an injected fstat error).
+        // success (SQLite's ioerr2.test 7.215.3 once committed after an injected fstat error).
         conn.size_at_lock = None;
         let rc = conn.write_back(real);
         if rc != SQLITE_OK {

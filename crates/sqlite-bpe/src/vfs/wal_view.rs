@@ -654,7 +654,7 @@ mod tests {
         );
     }
 
-    /// Issue 28: we saw the WAL fully backfilled; then a commit we did not see went into the
+    /// We saw the WAL fully backfilled; then a commit we did not see went into the
     /// same WAL, was backfilled, and the WAL restarted. Its page changed the file.
     #[test]
     fn frames_appended_after_our_last_look_and_backfilled_before_a_restart_are_not_missed() {

@@ -83,7 +83,7 @@ pub fn counter(conn: &Connection, name: &str) -> i64 {
 /// resolve the dependencies' features for this package alone, and the files of a package with a
 /// cdylib carry no hash in their names: the build would replace `deps/libsqlite_bpe.rlib`
 /// under the running `cargo test`, whose later steps (the CLI's doctests) would then find the
-/// crates built against the old one unusable ("can't find crate for `bpe_bench`", issue 29).
+/// crates built against the old one unusable ("can't find crate for `bpe_bench`").
 /// Under a debug `cargo test` (the README's), the release build is another directory, and is
 /// built here, to `<target>/release/libsqlite_bpe.so`.
 pub fn extension_library() -> PathBuf {

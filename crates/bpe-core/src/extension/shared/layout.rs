@@ -28,10 +28,10 @@ pub const MAX_PARTICIPANTS: usize = 64;
 pub const MAX_FILES: usize = 1024;
 /// Write-epoch stripes: twice the ring's 4 KiB pages, a power of two within these bounds. A
 /// page's admission is refused when any page of its stripe was written since the page was
-/// read, and a clean page may stay in L1 for many seconds before it is offered. With 2^14
-/// stripes whatever the size, an OLTP run writing 3,500 pages/s (10 warehouses, WAL, 18 s in
-/// L1) moved each stripe about every 5 s, and only about 2 % of the pages leaving L1 reached
-/// its 1.5 GB extension; with 2^20, about 94 %. Each stripe costs 16 bytes of shared memory
+/// read, and a clean page may stay in L1 for many seconds before it is offered. With a fixed
+/// 2^14 stripes, a write-heavy OLTP run moved each stripe far more often than its pages left
+/// L1, and few of the pages leaving L1 reached a large extension; with 2^20, nearly all did
+/// (docs/BENCHMARKS.md has the run). Each stripe costs 16 bytes of shared memory
 /// (its epoch and its pending count): 32 bytes per 4 KiB of ring (0.8 %), at most 16 MiB.
 pub const MIN_STRIPES: u64 = 1 << 14;
 pub const MAX_STRIPES: u64 = 1 << 20;

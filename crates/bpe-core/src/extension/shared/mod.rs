@@ -1080,8 +1080,8 @@ impl SharedIndex {
     pub fn stats(&self) -> SharedStats {
         let resident_bytes = self.mem.resident_bytes();
         // Before the lock, not under it: the probes are one fcntl per participant slot (63),
-        // and every other process's L2 waits for the lock (issue 27: the counters, sampled each
-        // second, held it across all of them).
+        // and every other process's L2 waits for the lock (the counters, sampled each second,
+        // once held it across all of them).
         let participants = 1 + self.others_attached();
         let lock_timeouts = self.lock_timeouts.load(Ordering::Relaxed);
         let Some(g) = self.lock_briefly() else {

@@ -1,5 +1,4 @@
-//! A deterministic simulation of the shared protocol (issue 27; TigerBeetle's VOPR is the
-//! model). tests.rs's `seeded_interleavings_never_serve_a_stale_page` interleaves the steps
+//! A deterministic simulation of the shared protocol (TigerBeetle's VOPR is the model). tests.rs's `seeded_interleavings_never_serve_a_stale_page` interleaves the steps
 //! of one file's readers and writers; this one adds deaths inside the critical sections and
 //! many files, and lock holders stopped (SIGSTOP) while the others go on. Participants of one shared index, driven by one seeded generator, read, admit,
 //! write, forget and vouch for pages of many files (more than the 1,024 slots, so that slots

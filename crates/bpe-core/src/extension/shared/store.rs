@@ -156,7 +156,7 @@ impl L2Store for SharedStore {
     }
 
     /// A recovery voids claims, and another process may have claimed the region and filled it
-    /// since: never write into it again (issue 27, item 6). A recovery between this check and
+    /// since: never write into it again. A recovery between this check and
     /// the write is still possible: the reads' crc check makes that a miss.
     fn holds_region(&self) -> bool {
         self.claim()
@@ -205,7 +205,7 @@ impl L2Store for SharedStore {
 
     /// What a checkpoint's file list does for a private store, vouching does here: the stamps
     /// this process's change detection verified its files at (never racy when read) vouch for
-    /// their entries to the next process that binds them (issue 27, item 2). A stamp older than
+    /// their entries to the next process that binds them. A stamp older than
     /// the file's moves nothing: the next binder sees the file's newer stamp and starts it
     /// afresh.
     fn persist(&self, _ext: &Extension, vouched: Vouched, _: Resident<'_>, _if_changed: bool) {

@@ -566,7 +566,7 @@ impl Watcher {
     }
 }
 
-/// Issue 27 (1): a process that dies between the stores that give the oldest file's slot to
+/// A process that dies between the stores that give the oldest file's slot to
 /// another file (once every slot is taken) leaves the slot half bound: the new file's identity
 /// with the old file's key. The recovery empties the index; if it kept that slot, the old file's
 /// watchers would admit its pages again under the key, its writers would find nothing of it to
@@ -601,7 +601,7 @@ fn a_death_halfway_through_binding_a_slot_never_serves_a_stale_page() {
     }
 }
 
-/// Issue 27 (7): a segment is named after its extension file's (dev, ino). Left behind (a clean
+/// A segment is named after its extension file's (dev, ino). Left behind (a clean
 /// exit keeps it, and the file may then be removed by hand), it would be adopted by a new file
 /// given the same inode number: an index of another file's ring, whose entries point at bytes
 /// this file never had. The new file's number is made the old one's here by moving the
@@ -645,7 +645,7 @@ fn a_segment_left_by_a_removed_file_is_not_adopted_by_one_with_its_inode_number(
     assert!(matches!(b.lookup(fb, 5), Found::Hit(_)), "its own: warm");
 }
 
-/// Issue 27 (8): a process binds a data file as it first reads it (its stamp vouched for: the
+/// A process binds a data file as it first reads it (its stamp vouched for: the
 /// key other processes cached pages under is kept). If the file is truncated, and the engine
 /// forgets its pages, between that binding and its record, the forget finds nothing bound and
 /// is lost: the binding recorded after it still names the pages it was to forget.
@@ -689,7 +689,7 @@ fn a_forget_while_a_file_is_being_bound_is_not_lost() {
     assert_eq!(me.locate(key), None, "page 1 was forgotten");
 }
 
-/// Issue 27 (6): a recovery voids every claim. An engine's writer that claimed a region before
+/// A recovery voids every claim. An engine's writer that claimed a region before
 /// it must not write into the region again: another process may have claimed it since and
 /// filled it, and those bytes are what its entries point at. (Before the fix, the writer found
 /// out only at `publish`, after it had written.)
@@ -758,7 +758,7 @@ fn a_writer_whose_claim_a_recovery_voided_never_writes_into_the_region_again() {
     b.seal(claim);
 }
 
-/// Issue 27: a participant stopped while it holds the lock (SIGSTOP, a debugger, a paused
+/// A participant stopped while it holds the lock (SIGSTOP, a debugger, a paused
 /// container) costs the others a bounded wait, never a stall: their lookups miss, a write's
 /// invalidation goes ahead (its removal waits for the writer's next lock, the copy hidden
 /// meanwhile), and nothing stale is served when the holder resumes.
@@ -852,7 +852,7 @@ fn emptying_beside_a_stopped_lock_holder_returns_and_empties_when_it_lets_go() {
     assert!(!matches!(a.lookup(f, 1), Found::Hit(_)));
 }
 
-/// Issue 27 review: a thread of a process that has left the shared extension (its engine
+/// A thread of a process that has left the shared extension (its engine
 /// disabled it, or the process is exiting) may still be writing a page. Its invalidation must
 /// not touch the segment, which the next process to attach keeps or lays out anew: a pending
 /// count left in a kept segment hides that stripe's pages from every process for good (and in
@@ -882,7 +882,7 @@ fn a_detached_process_never_touches_the_segment_again() {
     b.check().unwrap();
 }
 
-/// Issue 27 review: a segment of another layout version belongs to processes of that version,
+/// A segment of another layout version belongs to processes of that version,
 /// which may hold no lock on it (older versions took none). The sweep keeps it while any
 /// process maps it, and removes it once none does.
 #[test]
