@@ -248,15 +248,7 @@ pub fn rewrite_idioms(sql: &str) -> String {
         }
         k += 1;
     }
-    let mut out = String::with_capacity(sql.len() + 64);
-    let mut at = 0;
-    for (start, end, with) in edits {
-        out.push_str(&sql[at..start]);
-        out.push_str(&with);
-        at = end;
-    }
-    out.push_str(&sql[at..]);
-    out
+    apply_edits(sql, edits)
 }
 
 /// Where the hint list that opens at `code[open]` (a `(`) closes, when every hint in it is one
@@ -433,6 +425,12 @@ pub fn rewrite_numeric_casts(sql: &str) -> String {
         }
     }
     edits.sort_by_key(|&(start, end, _)| (start, end));
+    apply_edits(sql, edits)
+}
+
+/// `sql` with each (start, end, replacement) edit made; the edits are in order and do not
+/// overlap.
+fn apply_edits(sql: &str, edits: Vec<(usize, usize, String)>) -> String {
     let mut out = String::with_capacity(sql.len() + 16 * edits.len());
     let mut at = 0;
     for (start, end, with) in edits {

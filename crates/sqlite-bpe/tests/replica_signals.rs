@@ -14,6 +14,7 @@
 //! BPE_REQUIRE_FUSE=1 (CI), where a missing prerequisite fails.
 
 mod common;
+use bpe_core::pause::{LOST_HEADER_LOCKED, LOST_HEADER_SEEN};
 use common::*;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -260,7 +261,7 @@ fn primary(journal: &str) {
         return;
     };
     let (db, writer) = database(&mount, journal);
-    let mut reader = Reader::start(&db, Some(bpe_core::pause::LOST_HEADER_SEEN));
+    let mut reader = Reader::start(&db, Some(LOST_HEADER_SEEN));
     set_position(&db, 2);
     reader.go();
     assert!(
@@ -287,23 +288,29 @@ fn on_a_primary_a_moving_position_changes_nothing_in_rollback_mode() {
     primary("DELETE");
 }
 
+/// A WAL database on a mount that is a replica's (`.primary` exists), and its bpe reader stopped
+/// at `point` of the lost header's rewrite, after the position moved under an unchanged header.
+fn replica_reader_stopped_at(
+    point: &str,
+) -> Option<(Mount, PathBuf, rusqlite::Connection, Reader)> {
+    let mount = mount_or_skip()?;
+    let (db, writer) = database(&mount, "WAL");
+    std::fs::write(mount.mnt.join(".primary"), "primary.example\n").unwrap();
+    let mut reader = Reader::start(&db, Some(point));
+    set_position(&db, 2);
+    reader.go();
+    assert!(reader.stopped(), "the reader did not stop at {point}");
+    Some((mount, db, writer, reader))
+}
+
 /// A replica's reader paused after it read the header it takes as lost, while a writer commits
 /// (LiteFS, on a real replica; a plain writer here): the header it read is stale when it
 /// resumes, and it must not write it back.
 #[test]
 fn a_replica_reader_paused_before_the_write_lock_never_writes_a_stale_header() {
-    let Some(mount) = mount_or_skip() else {
+    let Some((_mount, db, writer, mut reader)) = replica_reader_stopped_at(LOST_HEADER_SEEN) else {
         return;
     };
-    let (db, writer) = database(&mount, "WAL");
-    std::fs::write(mount.mnt.join(".primary"), "primary.example\n").unwrap();
-    let mut reader = Reader::start(&db, Some(bpe_core::pause::LOST_HEADER_SEEN));
-    set_position(&db, 2);
-    reader.go();
-    assert!(
-        reader.stopped(),
-        "the reader did not take the header for lost"
-    );
     writer
         .execute("INSERT INTO t(v) VALUES ('acknowledged')", [])
         .expect("a commit while the reader is stopped");
@@ -318,15 +325,10 @@ fn a_replica_reader_paused_before_the_write_lock_never_writes_a_stale_header() {
 /// told SQLITE_BUSY, not acknowledged), and commits once the reader let go.
 #[test]
 fn a_replica_reader_holding_the_write_lock_keeps_writers_out_until_it_lets_go() {
-    let Some(mount) = mount_or_skip() else {
+    let Some((_mount, db, writer, mut reader)) = replica_reader_stopped_at(LOST_HEADER_LOCKED)
+    else {
         return;
     };
-    let (db, writer) = database(&mount, "WAL");
-    std::fs::write(mount.mnt.join(".primary"), "primary.example\n").unwrap();
-    let mut reader = Reader::start(&db, Some(bpe_core::pause::LOST_HEADER_LOCKED));
-    set_position(&db, 2);
-    reader.go();
-    assert!(reader.stopped(), "the reader did not take the write lock");
     writer.busy_timeout(Duration::ZERO).unwrap();
     let refused = writer.execute("INSERT INTO t(v) VALUES ('refused')", []);
     assert!(
