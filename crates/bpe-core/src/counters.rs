@@ -145,6 +145,8 @@ impl HistogramSnapshot {
 pub struct Counters {
     pub page_lookups: StripedCounter,
     pub l1_hits: StripedCounter,
+    /// Misses of a snapshot served from an earlier snapshot's cached copy (`lineage.rs`).
+    pub pages_carried: AtomicU64,
     pub page_reads: AtomicU64,
     pub page_writes: AtomicU64,
     /// Page writes held in L1 until their writer wrote them back (`engine/write_behind.rs`).
@@ -249,6 +251,7 @@ pub struct CounterRow {
 pub struct CounterSnapshot {
     pub page_lookups: u64,
     pub l1_hits: u64,
+    pub pages_carried: u64,
     pub page_reads: u64,
     pub page_writes: u64,
     pub pages_written_behind: u64,
@@ -301,6 +304,7 @@ impl CounterSnapshot {
         CounterSnapshot {
             page_lookups: c.page_lookups.get(),
             l1_hits: c.l1_hits.get(),
+            pages_carried: l(&c.pages_carried),
             page_reads: l(&c.page_reads),
             page_writes: l(&c.page_writes),
             pages_written_behind: l(&c.pages_written_behind),
@@ -374,6 +378,11 @@ impl CounterSnapshot {
             r("Buffer cache hit ratio base", self.page_lookups, Base),
             r("Page lookups/sec", self.page_lookups, Cumulative),
             r("Page reads/sec", self.page_reads, Cumulative),
+            r(
+                "Pages carried across snapshots/sec",
+                self.pages_carried,
+                Cumulative,
+            ),
             r("Page avg read time (us)", self.page_read_micros, Average),
             r(
                 "Page avg read time (us) base",

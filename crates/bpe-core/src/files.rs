@@ -23,6 +23,7 @@
 use crate::config::{check_page_size, Config};
 use crate::error::{Error, Result};
 use crate::io::{DataFile, FileIdentity, FileStamp};
+use crate::lineage::Lineage;
 use crate::page::{FileKey, PageCheck, PageKeyHash};
 use crate::readahead::SequentialDetector;
 use crate::sync::{Mutex, Rank, RwLock};
@@ -108,6 +109,8 @@ pub struct CachedFile {
     /// What the engine's client keeps per file (the SQLite adapter's change detection); it
     /// lives as long as this entry, across closes and reopens.
     client: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
+    /// Earlier snapshots whose cached pages this snapshot may take (see `lineage.rs`).
+    lineage: Mutex<Lineage>,
     /// How often another program rewrites the file (see [`RewriteWatch`]).
     pub(crate) rewrites: RewriteWatch,
     /// Sequential runs of data-file misses.
@@ -197,6 +200,13 @@ impl CachedFile {
     /// Holds off every page write (waiting for those in flight) while the guard lives.
     pub(crate) fn writes_held_off(&self) -> crate::sync::WriteGuard<'_, ()> {
         self.key_change.write()
+    }
+    /// Earlier snapshots whose cached pages this one may take (empty for a file).
+    pub(crate) fn lineage(&self) -> Lineage {
+        self.lineage.lock().clone()
+    }
+    pub(crate) fn set_lineage(&self, lineage: Lineage) {
+        *self.lineage.lock() = lineage;
     }
     /// The cell holding the current key, for frames to compare their own key against.
     pub(crate) fn key_cell(&self) -> &Arc<AtomicU32> {
@@ -392,6 +402,7 @@ impl FileRegistry {
             known: Mutex::new(Rank::Leaf, known),
             first_page: Mutex::new(Rank::Leaf, None),
             client: Mutex::new(Rank::Leaf, None),
+            lineage: Mutex::new(Rank::Leaf, Lineage::default()),
             rewrites: RewriteWatch::default(),
             readahead: SequentialDetector::default(),
             extension_readahead: SequentialDetector::default(),

@@ -24,6 +24,7 @@ pub mod error;
 mod extension;
 mod files;
 mod io;
+pub mod lineage;
 pub mod page;
 /// Named points where a test can stop the process between a read of shared state and a write.
 pub mod pause;

@@ -150,12 +150,12 @@ impl Engine {
         let ext = self.current_extension();
         // Before either read: see `Engine::read_under`.
         let shared = ext.as_ref().and_then(|e| e.read_under(file, key));
-        if let Some(ext) = ext {
+        if let Some(ext) = &ext {
             // A miss while a restore runs waits for it and looks again (see `await_restore`).
             if ext.read(key, buf) || (ext.await_restore(file.identity()) && ext.read(key, buf)) {
                 let frame = self.frame(file, key, buf, started, false, shared);
                 if self.config.readahead && file.extension_readahead.on_miss(key.page) {
-                    self.extension_readahead(file, &ext, key, buf.len());
+                    self.extension_readahead(file, ext, key, buf.len());
                 }
                 return Ok(self
                     .pool
@@ -165,6 +165,17 @@ impl Engine {
                         len: buf.len(),
                     }));
             }
+        }
+        // A snapshot's page that an earlier snapshot holds unchanged (see `lineage.rs`).
+        if let Some(tier) = self.copy_from_lineage(file, key.page, buf, ext.as_ref()) {
+            let frame = self.frame(file, key, buf, started, false, shared);
+            return Ok(self
+                .pool
+                .finish_load(ticket, frame, LoadSource::Extension, self)
+                .then_some(PageRead {
+                    tier,
+                    len: buf.len(),
+                }));
         }
         let (len, ahead) = match self.read_data_file(file, key, buf, via) {
             Ok(read) => read,
@@ -199,6 +210,36 @@ impl Engine {
             self.install_read_ahead(file, ahead);
         }
         Ok(installed.then_some(read))
+    }
+
+    /// Copies `page` of snapshot `file` from the cache of an earlier snapshot that holds it
+    /// unchanged (RAM first, then the extension), counting it as a hit of that tier. None: no
+    /// ancestor holds it, or the page changed since each one that does.
+    fn copy_from_lineage(
+        &self,
+        file: &FileHandle,
+        page: u64,
+        buf: &mut [u8],
+        ext: Option<&Arc<Extension>>,
+    ) -> Option<Tier> {
+        let lineage = file.lineage();
+        if lineage.is_empty() {
+            return None;
+        }
+        for ancestor in lineage.holders(page) {
+            let key = PageKey::new(ancestor.key(), page);
+            let tier = if self.pool.copy_if_resident(key, buf, self.now_ms()) {
+                self.counters.l1_hits.bump();
+                Tier::Memory
+            } else if ext.is_some_and(|e| e.read(key, buf)) {
+                Tier::Extension
+            } else {
+                continue;
+            };
+            Counters::bump(&self.counters.pages_carried);
+            return Some(tier);
+        }
+        None
     }
 
     /// Installs the pages a data-file readahead brought; returns how many.

@@ -35,6 +35,7 @@ use crate::extension::{Extension, ExtensionHost};
 use crate::files::{FileHandle, FileRegistry, OpenKind, OpenRequest};
 use crate::io::clock::CoarseClock;
 use crate::io::{Emulator, FaultInjector, FileIdentity};
+use crate::lineage::{Lineage, PageSet};
 use crate::page::{FileKey, PageKey};
 use crate::pool::{BufferPool, EvictionSink, Frame};
 use crate::sync::{Mutex, Rank, RwLock};
@@ -158,6 +159,21 @@ impl Engine {
         let mut files = self.files.lock();
         self.renumber_if_keys_run_out(&files);
         files.open_snapshot(path, identity, page_size, &mut || self.allocate_key())
+    }
+
+    /// Records that snapshot `file` may take its pages from snapshot `parent`'s cache, except
+    /// `changed` (every page that differs between them, or more; see `lineage.rs`). A
+    /// snapshot that already has a lineage keeps it (any correct one serves).
+    pub fn inherit(&self, file: &FileHandle, parent: &FileHandle, changed: PageSet) {
+        let both_snapshots = file.identity().is_snapshot() && parent.identity().is_snapshot();
+        if !both_snapshots
+            || Arc::ptr_eq(file, parent)
+            || file.page_size() != parent.page_size()
+            || !file.lineage().is_empty()
+        {
+            return;
+        }
+        file.set_lineage(Lineage::after(parent, &parent.lineage(), changed));
     }
 
     /// Releases a handle; true if it was the file's last opener. After the last one the
