@@ -55,7 +55,7 @@ pub use extension::shared;
 pub use extension::shared::memory_path as shared_memory_path;
 pub use extension::{initial_index_bytes, MIN_EXTENSION_BYTES};
 pub use files::{
-    FileHandle, FileInfo, KnownStamp, OpenKind, OpenRequest, PARKED_FILES, RACY_WINDOW,
+    CachedFile, FileHandle, FileInfo, KnownStamp, OpenKind, OpenRequest, PARKED_FILES, RACY_WINDOW,
 };
 pub use io::aligned::{hold_large_spares, Scratch, READAHEAD_BUFFERS_KEPT_BYTES};
 pub use io::clock::monotonic_ns;

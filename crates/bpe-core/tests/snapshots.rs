@@ -160,7 +160,11 @@ fn a_snapshot_takes_the_unchanged_pages_of_its_ancestors_and_reads_the_changed_o
     for page in 0..4 {
         let (got, tier) = read_via(&e, &s2, page, &d2);
         assert_eq!(got, (page, if page == 3 { 2 } else { 1 }), "page {page}");
-        let want = if page == 3 { Tier::DataFile } else { Tier::Memory };
+        let want = if page == 3 {
+            Tier::DataFile
+        } else {
+            Tier::Memory
+        };
         assert_eq!(tier, want, "page {page}");
     }
     assert_eq!(d2.reads.load(Relaxed), 1, "only the changed page is read");

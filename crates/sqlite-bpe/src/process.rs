@@ -245,7 +245,7 @@ impl Drop for BaseCall {
 pub const PROCESS_LOCKS: [(&str, HoldLock); 4] = [
     ("closed files", crate::vfs::hold_closed_list),
     ("commit logs", crate::vfs::hold_open_list),
-    ("base sources", crate::vfs::hold_source_ids),
+    ("base sources", crate::vfs::hold_sources),
     ("readahead buffers", bpe_core::hold_large_spares),
 ];
 /// Takes one of the [`PROCESS_LOCKS`]; the lock is held until the box is dropped.

@@ -231,7 +231,10 @@ impl Engine {
             let tier = if self.pool.copy_if_resident(key, buf, self.now_ms()) {
                 self.counters.l1_hits.bump();
                 Tier::Memory
-            } else if ext.is_some_and(|e| e.read(key, buf)) {
+            } else if ext.is_some_and(|e| {
+                // After a restart the ancestor's pages may still wait for their adoption.
+                e.read(key, buf) || (e.await_restore(ancestor.identity()) && e.read(key, buf))
+            }) {
                 Tier::Extension
             } else {
                 continue;

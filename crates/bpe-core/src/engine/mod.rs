@@ -158,7 +158,27 @@ impl Engine {
     ) -> Result<(FileHandle, OpenKind)> {
         let mut files = self.files.lock();
         self.renumber_if_keys_run_out(&files);
-        files.open_snapshot(path, identity, page_size, &mut || self.allocate_key())
+        let opened = files.open_snapshot(path, identity, page_size, &mut || self.allocate_key())?;
+        drop(files);
+        if let Some(me) = self.me.upgrade() {
+            me.offer_for_adoption(&opened.0, opened.1);
+        }
+        Ok(opened)
+    }
+
+    /// Whether a restored checkpoint's pages still wait for their files to open.
+    pub fn has_restored_pages_waiting(&self) -> bool {
+        self.current_extension()
+            .is_some_and(|e| e.has_waiting_files())
+    }
+
+    /// Whether this engine has cached pages of the file `identity` names: open or retained,
+    /// or waiting in a restored checkpoint for the file to open.
+    pub fn holds_pages_of(&self, identity: FileIdentity) -> bool {
+        self.files.lock().knows(identity)
+            || self
+                .current_extension()
+                .is_some_and(|e| e.has_restored(identity))
     }
 
     /// Records that snapshot `file` may take its pages from snapshot `parent`'s cache, except

@@ -87,6 +87,13 @@ impl Engine {
         let files = files
             .iter()
             .filter_map(|f| {
+                if f.identity().is_snapshot() {
+                    return Some(VouchedFile {
+                        key: f.key(),
+                        stamp: FileStamp::of_snapshot(f.identity()),
+                        first_page: None,
+                    });
+                }
                 let known = f.known_stamp().filter(|k| !k.racy)?;
                 Some(VouchedFile {
                     key: f.key(),
@@ -190,13 +197,15 @@ impl Engine {
     /// the file (and its stamp) before the check, and one that starts after finds the adopted
     /// copies to invalidate.
     fn adopt(&self, ext: &Arc<Extension>, file: &FileHandle) {
-        if !ext.has_restored(file.identity()) || file.data().is_none() {
+        let snapshot = file.identity().is_snapshot();
+        if !ext.has_restored(file.identity()) || (file.data().is_none() && !snapshot) {
             return; // a closed file's pages wait: its next open offers it again
         }
         let hot = {
             let _writes = file.writes_held_off();
             let now = match self.faults.take_unmoved_stamp() {
                 true => ext.recorded_stamp(file.identity()),
+                false if snapshot => Some(FileStamp::of_snapshot(file.identity())),
                 false => file.stamp_now().ok(),
             };
             ext.adopt(file.key(), file.identity(), now, |len: usize| {

@@ -380,6 +380,11 @@ impl Extension {
         if now != Some(rec.stamp) {
             return refuse("the file changed while no bpe process had it open");
         }
+        if rec.stamp.identity.is_snapshot() {
+            // A snapshot's identity names content that never changes (its caller derives it
+            // from the database's checksum at that transaction): nothing left to check.
+            return self.index_adopted(store, key, rec);
+        }
         // The stamp alone never vouches (a write within a coarse clock tick can leave it as it
         // was): the first page must read as the copy the checkpoint recorded, from the ring or
         // from RAM.
@@ -399,6 +404,16 @@ impl Extension {
         if first_page.crc(check.len as usize) != Some(check.crc) {
             return refuse("its first page differs from the cached copy");
         }
+        self.index_adopted(store, key, rec)
+    }
+
+    /// Indexes the checked entries of `rec` under `key`; returns those that were in RAM.
+    fn index_adopted(
+        &self,
+        store: &PrivateStore,
+        key: FileKey,
+        rec: RestoredFile,
+    ) -> Vec<(PageKey, Location)> {
         // Index memory first (charging may evict from RAM, which offers pages to us). Only the
         // writer's thread grows the index (adoptions run there), so the room charged stays room.
         let mut counts = vec![0usize; self.regions];
@@ -415,7 +430,16 @@ impl Extension {
             t.index.bytes_after_adding(&per_region) - t.index.bytes()
         };
         if !self.charge_more(grow) {
-            return refuse("the index has no memory left for them");
+            self.counters
+                .ext_pages_not_restored
+                .fetch_add(rec.entries.len() as u64, Relaxed);
+            log::info!(
+                "buffer pool extension: {} cached pages of a file (inode {}) not restored: the \
+                 index has no memory left for them",
+                rec.entries.len(),
+                rec.stamp.identity.ino
+            );
+            return Vec::new();
         }
         store.tables.write().index.prepare_many(&per_region);
         let mut adopted = 0;

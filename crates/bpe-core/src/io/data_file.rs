@@ -89,6 +89,19 @@ pub struct FileStamp {
 }
 
 impl FileStamp {
+    /// The stamp of a snapshot (`FileIdentity::snapshot`): its identity alone, since a
+    /// snapshot never changes. Checkpoints record it so that the next process can adopt the
+    /// snapshot's pages.
+    pub fn of_snapshot(identity: FileIdentity) -> FileStamp {
+        debug_assert!(identity.is_snapshot());
+        FileStamp {
+            identity,
+            size: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+        }
+    }
+
     pub fn of_metadata(m: &std::fs::Metadata) -> FileStamp {
         FileStamp {
             identity: FileIdentity {

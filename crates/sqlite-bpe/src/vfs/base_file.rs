@@ -19,17 +19,17 @@
 //! Journals and WAL files of such a database are the base VFS's too, behind plain forwarding.
 
 use super::file::{close_real, page_shaped};
+use super::replica_snapshots::Source;
 use super::unix_file::UnixFile;
 use crate::api;
 use crate::ffi::guard;
-use bpe_core::{Engine, FileHandle, FileIdentity, Via};
+use bpe_core::{Engine, FileHandle, Via};
 use libsqlite3_sys::*;
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// The pragmas through which a base VFS names the snapshot a connection reads.
 const SNAPSHOT_PRAGMAS: &[&CStr] = &[c"litestream_txid"];
@@ -68,12 +68,14 @@ struct Cached {
     engine: Arc<Engine>,
     generation: u64,
     path: PathBuf,
-    /// Names this file (base VFS and path) among snapshot identities, for this process.
-    source: u64,
+    /// Names this file's snapshots and relates them (`replica_snapshots.rs`).
+    source: Arc<Source>,
     page_size: usize,
     lock: c_int,
     /// The snapshot this connection last read, kept open between its read transactions.
     snapshot: Option<(u64, FileHandle)>,
+    /// An earlier snapshot kept open while `snapshot` takes pages from it (after a restart).
+    ancestor: Option<FileHandle>,
     /// The current read transaction reads `snapshot` through the cache.
     pinned: bool,
     /// Wrote, or opened the WAL: its reads go to the base VFS from now on (what a writing
@@ -151,11 +153,17 @@ pub unsafe fn open(
         Cached {
             engine: crate::process::engine(),
             generation: crate::process::generation(),
-            source: source_id(base_name, path),
+            // SAFETY: name is a file name SQLite passed to xOpen.
+            source: Source::get(
+                base_name,
+                path,
+                unsafe { replica_url(name.as_ptr()) }.as_deref(),
+            ),
             path: path.to_path_buf(),
             page_size: 4096,
             lock: SQLITE_LOCK_NONE,
             snapshot: None,
+            ancestor: None,
             pinned: false,
             around: false,
         }
@@ -211,21 +219,22 @@ macro_rules! base {
     }};
 }
 
-/// The numbers of (base VFS, path) opened through a base VFS (`source_id`).
-static IDS: Mutex<Option<HashMap<(String, PathBuf), u64>>> = Mutex::new(None);
-
-/// Their lock, taken (held across a fork: see `process::hold_process_locks`).
-pub fn hold_source_ids() -> Box<dyn std::any::Any> {
-    Box::new(IDS.lock().unwrap_or_else(|e| e.into_inner()))
-}
-
-/// A process-wide number for each (base VFS, path) opened through a base VFS.
-fn source_id(base: &str, path: &Path) -> u64 {
-    let mut ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
-    let ids = ids.get_or_insert_with(HashMap::new);
-    let next = ids.len() as u64 + 1;
-    *ids.entry((base.to_string(), path.to_path_buf()))
-        .or_insert(next)
+/// The replica whose log says which pages each transaction changed: the database URI's
+/// `bpe_replica`, else `LITESTREAM_REPLICA_URL` (read once per process).
+///
+/// # Safety
+/// `name` is a file name SQLite passed to xOpen.
+unsafe fn replica_url(name: *const c_char) -> Option<String> {
+    // SAFETY: forwarded contract.
+    let from_uri = unsafe { api::uri_parameter(name, c"bpe_replica") };
+    static FROM_ENV: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    from_uri
+        .or_else(|| {
+            FROM_ENV
+                .get_or_init(|| std::env::var("LITESTREAM_REPLICA_URL").ok())
+                .clone()
+        })
+        .filter(|v| !v.is_empty())
 }
 
 /// The snapshot the base VFS says `real`'s connection reads now, if it names one.
@@ -283,6 +292,7 @@ impl Cached {
             if let Some((_, old)) = self.snapshot.take() {
                 std::mem::forget(old);
             }
+            std::mem::forget(self.ancestor.take());
             std::mem::forget(std::mem::replace(
                 &mut self.engine,
                 crate::process::engine(),
@@ -292,16 +302,25 @@ impl Cached {
         if self.snapshot.as_ref().is_some_and(|(v, _)| *v == version) {
             return true;
         }
-        if let Some((_, old)) = self.snapshot.take() {
+        let previous = self.snapshot.take();
+        let opened = self.source.open(
+            &self.engine,
+            &self.path,
+            self.page_size,
+            version,
+            previous.as_ref().map(|(v, h)| (*v, h)),
+        );
+        for old in previous
+            .map(|(_, h)| h)
+            .into_iter()
+            .chain(self.ancestor.take())
+        {
             self.engine.close_file(&old);
         }
-        let identity = FileIdentity::snapshot(self.source, version);
-        match self
-            .engine
-            .open_snapshot(&self.path, identity, self.page_size)
-        {
-            Ok((handle, _)) => {
-                self.snapshot = Some((version, handle));
+        match opened {
+            Ok(o) => {
+                self.snapshot = Some((version, o.handle));
+                self.ancestor = o.ancestor;
                 true
             }
             Err(_) => false,
@@ -352,7 +371,8 @@ unsafe extern "C" fn close(f: *mut sqlite3_file) -> c_int {
         // SAFETY: as above.
         unsafe { (*bf).conn = std::ptr::null_mut() };
         if let Some(c) = conn.cached.as_mut() {
-            if let Some((_, handle)) = c.snapshot.take() {
+            let handles = c.snapshot.take().map(|(_, h)| h).into_iter();
+            for handle in handles.chain(c.ancestor.take()) {
                 if c.generation == crate::process::generation() {
                     c.engine.close_file(&handle);
                 }

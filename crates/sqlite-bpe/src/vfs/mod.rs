@@ -54,14 +54,16 @@ mod change_detect;
 mod charged_file;
 mod file;
 mod peer_log;
+mod replica_log;
 mod replica_pos;
+mod replica_snapshots;
 mod scope;
 mod unix_file;
 mod wal_view;
 
-pub use base_file::hold_source_ids;
 pub use change_detect::hold_closed_list;
 pub use peer_log::hold_open_list;
+pub use replica_snapshots::hold_sources;
 
 use crate::api;
 use libsqlite3_sys::{
