@@ -54,6 +54,7 @@ mod change_detect;
 mod charged_file;
 mod file;
 mod peer_log;
+mod read_txn;
 mod replica_pos;
 mod scope;
 mod unix_file;
