@@ -9,9 +9,9 @@
 //! `Extension` (reads, admission, invalidation) and its writer talk to this interface only:
 //! neither knows which store it has, and hands it plain values (a [`Ring`]), never itself. Every
 //! method means something for both stores: where one has nothing to do, it says why. Both
-//! stores keep the pages staged for the writer beside
-//! their index, so that "a write to the page removes it from staging" and "the writer indexes a
-//! page only if it is still staged" decide together (see [`Staging`]).
+//! stores keep the pages staged for the writer beside their index, so that "a write to the page
+//! removes it from staging" and "the writer indexes a page only if it is still staged" decide
+//! together (see [`Staging`]).
 
 use super::{Location, Vouched};
 use crate::config::Sharing;
