@@ -91,7 +91,7 @@ pub enum Rank {
     /// A client's per-file state (the SQLite adapter's change detection): held while it
     /// invalidates the file, so that no reader of the file gets past its check before that.
     FileState = 15,
-    /// `Extension::checkpoint_generation`: one checkpoint at a time (it lists the files).
+    /// `PrivateStore::checkpoint_generation`: one checkpoint at a time (it lists the files).
     Checkpoint = 18,
     /// `Engine::files`: the file registry (open, close, new keys).
     Files = 20,

@@ -186,7 +186,7 @@ impl Engine {
         let Some(ext) = self.current_extension() else {
             return Ok(());
         };
-        let others = ext.shared().map_or(0, |s| s.others_attached());
+        let others = ext.others_attached();
         if others == 0 {
             return Ok(());
         }
@@ -283,14 +283,8 @@ impl Engine {
     /// stopped holding the lock costs the others.
     #[cfg(feature = "testing")]
     pub fn stop_holding_the_extension_lock(&self) -> bool {
-        let Some(ext) = self.current_extension() else {
-            return false;
-        };
-        let Some(index) = ext.shared() else {
-            return false;
-        };
-        index.stop_holding_the_lock();
-        true
+        self.current_extension()
+            .is_some_and(|ext| ext.stop_holding_the_lock())
     }
 
     /// Whether an extension file is open: without one, no file can be it, and the look at a

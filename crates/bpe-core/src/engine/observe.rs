@@ -37,7 +37,7 @@ impl Engine {
         let page_size = files.first().map_or(REPORT_PAGE, |f| f.page_size as u64);
         let max_memory = self.max_memory();
         let index = ext.as_ref().map_or(0, |e| e.index_bytes());
-        let shared = ext.as_ref().and_then(|e| e.shared()).map(|s| s.stats());
+        let view = ext.as_ref().map(|e| e.view()).unwrap_or_default();
         let target_bytes = self.pool.target_bytes();
         let used = self.pool.used_bytes();
         let charge = page_size + crate::config::L1_FRAME_OVERHEAD;
@@ -48,20 +48,18 @@ impl Engine {
             memory_bytes: used + index,
             max_memory,
             uptime_ms: self.now_ms(),
-            ext_allocated_pages: ext.as_ref().map_or(0, |e| e.cached_pages() as u64),
+            ext_allocated_pages: view.pages as u64,
             ext_free_pages: ext.as_ref().map_or(0, |e| {
-                e.ring_bytes().saturating_sub(e.cached_bytes()) / REPORT_PAGE
+                e.ring_bytes().saturating_sub(view.bytes) / REPORT_PAGE
             }),
             ext_in_use_percent: ext.as_ref().map_or(0, |e| {
-                (e.cached_bytes() * 100)
-                    .checked_div(e.ring_bytes())
-                    .unwrap_or(0)
+                (view.bytes * 100).checked_div(e.ring_bytes()).unwrap_or(0)
             }),
             ext_index_bytes: index,
-            ext_shared_processes: shared.as_ref().map_or(0, |s| s.participants as u64),
-            ext_shared_index_bytes: shared.as_ref().map_or(0, |s| s.resident_bytes),
-            ext_shared_recoveries: shared.as_ref().map_or(0, |s| s.recoveries),
-            ext_shared_lock_timeouts: shared.as_ref().map_or(0, |s| s.lock_timeouts),
+            ext_shared_processes: view.participants as u64,
+            ext_shared_index_bytes: view.shared_memory_bytes,
+            ext_shared_recoveries: view.recoveries,
+            ext_shared_lock_timeouts: view.lock_timeouts,
             buffered_data_files: files
                 .iter()
                 .filter(|f| f.openers > 0 && !f.direct_io)
@@ -78,12 +76,7 @@ impl Engine {
             .counters
             .ext_read_latency
             .snapshot("Extension read time")];
-        if let Some(s) = self
-            .extension
-            .read()
-            .as_ref()
-            .and_then(|e| e.shared().map(|s| s.lock_wait()))
-        {
+        if let Some(s) = self.extension.read().as_ref().and_then(|e| e.lock_wait()) {
             h.push(s);
         }
         h

@@ -1,5 +1,5 @@
-//! What the engine does for a warm restart (see `extension/persist.rs`): it says which files'
-//! cached pages it can vouch for when the extension checkpoints (and which of them are in RAM),
+//! What the engine does for a warm restart (see `extension/private/persist.rs`): it says which
+//! files' cached pages it can vouch for when the extension checkpoints (and which are in RAM),
 //! hands each file that opens to the extension for adoption of the pages a previous process
 //! left, and reads the ones that were in that process's RAM back into RAM (the prewarm), so that
 //! both tiers restart warm.
@@ -109,8 +109,9 @@ impl Engine {
     /// L1 holds it (after the stamp, as the key: a copy newer than the stamp can only make the
     /// adoption refuse), else as last read under that stamp, else read from the file now if it
     /// is open and still at that stamp. None: the checkpoint cannot vouch for the file's pages
-    /// (see `persist.rs`: a stamp alone never does). SQLite's own page cache often holds the
-    /// header while L1 does not, so the read is needed; it happens at most once per stamp.
+    /// (see `extension/private/persist.rs`: a stamp alone never does). SQLite's own page cache
+    /// often holds the header while L1 does not, so the read is needed; it happens at most once
+    /// per stamp.
     pub(crate) fn first_page_check(
         &self,
         file: &FileHandle,

@@ -13,7 +13,7 @@
 //!
 //! Nothing here needs to be durable or fresh to be safe: every page is read back against its
 //! checksum (a region the ring overwrote since is a miss), and a file's pages are used only when
-//! the file's stamp now equals the one recorded (see `persist.rs`).
+//! the file's stamp now equals the one recorded (see `private/persist.rs`).
 //!
 //! A slot holds the entries of 4 KiB pages filling the ring (16 bytes per page: 0.4 % of the
 //! ring per slot); when smaller pages need more, the newest regions' entries are kept.

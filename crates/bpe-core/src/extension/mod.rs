@@ -3,14 +3,13 @@
 //! whichever thread misses in RAM. A page takes exactly its own size, so any mix of page sizes
 //! shares one extension. Every read is checked against a crc32c of the page's identity and bytes
 //! kept in RAM; any fault is a miss. The ring's oldest region is overwritten first (FIFO), which
-//! keeps every write sequential. The index is checkpointed into the file, and the next process
-//! to enable an extension at the same path starts warm from it (`persist.rs`).
+//! keeps every write sequential. A private extension's index is checkpointed into the file, and
+//! the next process to enable an extension at the same path starts warm from it
+//! (`private/persist.rs`).
 
 mod checkpoint;
 mod index;
-mod persist;
 mod private;
-mod restored;
 pub mod shared;
 mod store;
 mod writer;
@@ -25,8 +24,8 @@ use crate::files::FileHandle;
 use crate::io::aligned::Scratch;
 use crate::io::aligned::{round_down, round_up};
 use crate::io::extension_file::ExtensionFile;
-use crate::io::FileStamp;
 use crate::io::{FaultInjector, FaultyExtensionFile};
+use crate::io::{FileIdentity, FileStamp};
 use crate::page::{FileKey, PageKey};
 use crate::pool::Frame;
 use crate::sync::channel::{Sender, TrySendError};
@@ -37,7 +36,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
-use store::L2Store;
+use store::{FirstPage, L2Store, Ring};
+
+pub use store::StoreView;
 
 /// Bytes of one region of the ring: one write batch.
 pub const REGION_BYTES: u64 = EXTENSION_BATCH_BYTES as u64;
@@ -71,7 +72,7 @@ pub trait ExtensionHost: Send + Sync {
 }
 
 /// The data files a checkpoint may record: each one's key and the stamp its cached pages were
-/// last verified against, the stamp read before the key (see `persist.rs`).
+/// last verified against, the stamp read before the key (see `private/persist.rs`).
 #[derive(Default)]
 pub struct Vouched {
     pub files: Vec<VouchedFile>,
@@ -159,19 +160,8 @@ pub struct Extension {
     counters: Arc<Counters>,
     host: Arc<dyn ExtensionHost>,
     epoch: Instant,
-    /// The generation the next checkpoint gets (held while one is written).
-    checkpoint_generation: Mutex<u64>,
-    /// The vouched files' fingerprint at the last checkpoint.
-    checkpointed_files: AtomicU64,
-    /// The ring position (`next_region`) of the checkpoint in force in the file, `NO_CHECKPOINT`
-    /// if none: the writer enters at most `checkpoint::unlisted_regions` regions from there
-    /// before it writes another (see `Writer::enter_region`).
-    checkpoint_next: AtomicUsize,
     /// The region the writer is filling.
     writer_region: AtomicUsize,
-    /// The region a private ring's writer overwrites next: the one after the last it entered
-    /// (a shared ring keeps its own, `SharedIndex::ring_head`). See `nears_the_tail`.
-    ring_tail: AtomicUsize,
     /// Chores for the writer's thread, and how many are asked for and not done.
     chores: Mutex<Vec<Chore>>,
     chores_pending: AtomicUsize,
@@ -211,6 +201,12 @@ impl Extension {
             (file, reused, Box::new(PrivateStore::new(regions)))
         };
         let file = FaultyExtensionFile::new(file, faults);
+        if shared {
+            // A shared extension keeps no checkpoint (its writers rewrite the ring) and voids
+            // any left here: one a private extension left would, at the next private take-over,
+            // name pages its regions no longer hold.
+            private::void_checkpoints(&file, regions);
+        }
         let (tx, rx) = crate::sync::channel::bounded(EXTENSION_STAGING_PAGES);
         let ext = Arc::new(Extension {
             file,
@@ -231,22 +227,12 @@ impl Extension {
             counters,
             host,
             epoch,
-            checkpoint_generation: Mutex::new(Rank::Checkpoint, 0),
-            checkpointed_files: AtomicU64::new(0),
-            checkpoint_next: AtomicUsize::new(persist::NO_CHECKPOINT),
             writer_region: AtomicUsize::new(0),
-            ring_tail: AtomicUsize::new(0),
             chores: Mutex::new(Rank::Leaf, Vec::new()),
             chores_pending: AtomicUsize::new(0),
             restore_done: AtomicBool::new(!reused),
             restore_micros: AtomicU64::new(0),
         });
-        if !ext.store.keeps_checkpoints() {
-            // A store that keeps no checkpoint (a shared one: its writers rewrite the ring)
-            // voids any left here: one a private extension left would, at the next private
-            // take-over, name pages its regions no longer hold.
-            ext.void_checkpoints();
-        }
         writer::spawn(ext.clone(), rx, ext.writer_done.clone(), reused);
         Ok(ext)
     }
@@ -298,17 +284,24 @@ impl Extension {
     pub fn identity(&self) -> crate::io::FileIdentity {
         self.file.file().identity()
     }
-    pub fn cached_pages(&self) -> usize {
-        self.store.stats().0
+    /// What the extension holds and who shares it (see [`StoreView`]).
+    pub fn view(&self) -> StoreView {
+        self.store.view()
     }
-    /// Bytes of the ring the cached pages take.
-    pub fn cached_bytes(&self) -> u64 {
-        self.store.stats().1
+    /// Other processes that have the extension open now (0 for a private one).
+    pub fn others_attached(&self) -> usize {
+        self.store.others_attached()
     }
-
-    /// The shared index, if this extension is shared with other processes.
-    pub fn shared(&self) -> Option<&SharedIndex> {
-        self.store.shared_index()
+    /// How long this process waited for the shared index's lock, each time it took it (None for
+    /// a private extension).
+    pub fn lock_wait(&self) -> Option<crate::counters::HistogramSnapshot> {
+        self.store.lock_wait()
+    }
+    /// Takes the shared extension's lock and stops this process holding it (see
+    /// `SharedIndex::stop_holding_the_lock`); false, without stopping, if it is not shared.
+    #[cfg(feature = "testing")]
+    pub fn stop_holding_the_lock(&self) -> bool {
+        self.store.stop_holding_the_lock()
     }
     pub fn is_shared(&self) -> bool {
         self.sharing().is_shared()
@@ -515,13 +508,9 @@ impl Extension {
     /// read in half a turn of the ring still ages out. Costs one more page in a sequential
     /// batch, at most once per half turn per page.
     fn nears_the_tail(&self, location: Location) -> bool {
-        let tail = match self.store.shared_index() {
-            // Every process's writer claims regions from the shared head: this process's own
-            // position says nothing of how far the others have gone.
-            Some(shared) => shared.ring_head(),
-            None => Some(self.ring_tail.load(Relaxed)),
-        };
-        let Some(tail) = tail else {
+        // A shared ring's is its head, where every process's writer claims regions: this
+        // process's own position says nothing of how far the others have gone.
+        let Some(tail) = self.store.ring_tail() else {
             return false;
         };
         let region = (location.offset / REGION_BYTES) as usize;
@@ -633,8 +622,78 @@ impl Extension {
     /// Records what the next process may take on trust (see `L2Store::persist`).
     pub(super) fn persist(&self, if_changed: bool) {
         let vouched = self.host.vouched_files();
-        self.store
-            .persist(self, vouched, &|keys| self.host.resident(keys), if_changed);
+        self.with_ring(|ring| {
+            self.store
+                .persist(ring, vouched, &|keys| self.host.resident(keys), if_changed)
+        });
+    }
+
+    /// Runs `f` with what the store's persistence, restore and adoption use of the extension.
+    fn with_ring<R>(&self, f: impl FnOnce(&Ring<'_>) -> R) -> R {
+        f(&Ring {
+            file: &self.file,
+            counters: &self.counters,
+            writer_region: self.writer_region.load(Relaxed),
+            charge_more: &|more| self.charge_more(more),
+        })
+    }
+
+    /// Takes over what the previous process left (the writer, before it writes anything);
+    /// returns the region the writer goes on from.
+    fn restore(&self) -> usize {
+        self.with_ring(|ring| self.store.restore(ring))
+    }
+
+    /// Before a miss of `file` goes to the data file: while the restore runs, or while this
+    /// file's pages wait for adoption, waits for them (up to a second), and says whether it
+    /// waited (then the page is worth looking up again): a restored copy here is worth more than
+    /// a read of the slow device, and the restore takes tens of milliseconds per GiB. Once
+    /// nothing waits, this is two atomic loads.
+    pub fn await_restore(&self, file: FileIdentity) -> bool {
+        let pending = || !self.restore_done.load(Relaxed) || self.waits_for_adoption(file);
+        if !pending() {
+            return false;
+        }
+        let deadline = Instant::now() + std::time::Duration::from_secs(1);
+        while pending() && Instant::now() < deadline && !self.stopping.load(Relaxed) {
+            crate::sync::pause();
+        }
+        true
+    }
+
+    /// Whether pages of some file still wait for adoption.
+    pub fn has_waiting_files(&self) -> bool {
+        self.store.has_waiting_files()
+    }
+
+    /// Whether pages of `file` wait for adoption (one atomic load once none do).
+    fn waits_for_adoption(&self, file: FileIdentity) -> bool {
+        self.has_waiting_files() && self.has_restored(file)
+    }
+
+    /// The stamp the last checkpoint recorded for a file whose pages wait (fault injection).
+    pub(crate) fn recorded_stamp(&self, file: FileIdentity) -> Option<FileStamp> {
+        self.store.recorded_stamp(file)
+    }
+
+    /// Whether the last checkpoint lists pages of this file that are still waiting.
+    pub fn has_restored(&self, file: FileIdentity) -> bool {
+        self.store.has_restored(file)
+    }
+
+    /// Indexes the checkpoint's pages of a file under `key` if the file is provably unchanged:
+    /// `now` (its stamp now) equals the recorded one, and its first page matches the copy's
+    /// checksum. The caller holds off every write to the file, and runs on the writer's thread
+    /// (see `Extension::request_adoption`). Returns the adopted pages that were in the previous
+    /// process's RAM (to read back into RAM), newest region first.
+    pub fn adopt(
+        &self,
+        key: FileKey,
+        identity: FileIdentity,
+        now: Option<FileStamp>,
+        mut first_page: impl FirstPage,
+    ) -> Vec<(PageKey, Location)> {
+        self.with_ring(|ring| self.store.adopt(ring, key, identity, now, &mut first_page))
     }
 
     /// Drops every copy of pages of `file` from `first_page` on (all files if None). A shared
@@ -667,7 +726,7 @@ impl Extension {
             return; // a writer still running could overwrite what the next process restores
         }
         if !self.failed.load(Relaxed) {
-            self.store.persist(self, vouched, resident, false);
+            self.with_ring(|ring| self.store.persist(ring, vouched, resident, false));
         }
         self.store.close(self.file.file());
     }
@@ -675,11 +734,9 @@ impl Extension {
     /// True once the writer has stopped (it is waited for up to 10 s).
     fn stop_writer(&self) -> bool {
         self.stopping.store(true, Relaxed);
-        if let Some(index) = self.store.shared_index() {
-            // A participant stopped holding the shared lock would keep the writer waiting
-            // for it (in a claim, a publication, a seal) past the wait below.
-            index.interrupt_waits();
-        }
+        // A participant stopped holding a shared lock would keep the writer waiting for it (in
+        // a claim, a publication, a seal) past the wait below.
+        self.store.stop_waiting();
         // Wakes the writer if it waits for pages; if the queue is full it is busy, and checks
         // `stopping` between batches (well under a second).
         let _ = self.staging.try_send(ToWriter::Stop);
@@ -720,6 +777,11 @@ impl Extension {
         self.store.footprint() + self.regions as u64 * 8
     }
 
+    /// Charges `more` bytes of index memory on top of what the index and the waiting list take.
+    fn charge_more(&self, more: u64) -> bool {
+        self.charge(self.index_footprint() + more)
+    }
+
     /// The index never takes more memory than is charged for it (tests and soak runs).
     pub fn check_invariants(&self) {
         let bytes = self.index_footprint();
@@ -737,7 +799,7 @@ impl Extension {
 
     /// The shared extension's participant lock descriptor (-1 if not shared), likewise.
     pub(crate) fn raw_lock_fd(&self) -> i32 {
-        self.shared().map_or(-1, |s| s.raw_fd())
+        self.store.lock_fd().unwrap_or(-1)
     }
 }
 

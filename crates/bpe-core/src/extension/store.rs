@@ -1,21 +1,24 @@
 //! The L2 store interface: where the extension's pages are indexed, and how a page gets there.
 //!
 //! Two stores implement it:
-//! - `PrivateStore` (`private.rs`): this process's index, in RAM, written to
+//! - `PrivateStore` (`private/`): this process's index, in RAM, written to
 //!   checkpoints in the file for the next process to start warm from;
 //! - `SharedStore` (`shared/store.rs`): one index in shared memory for every process
 //!   that has the extension open, whose writers claim regions of the one ring.
 //!
 //! `Extension` (reads, admission, invalidation) and its writer talk to this interface only:
-//! neither knows which store it has. Both stores keep the pages staged for the writer beside
-//! their index, so that "a write to the page removes it from staging" and "the writer indexes a
-//! page only if it is still staged" decide together (see [`Staging`]).
+//! neither knows which store it has, and hands it plain values (a [`Ring`]), never itself. Every
+//! method means something for both stores: where one has nothing to do, it says why. Both
+//! stores keep the pages staged for the writer beside their index, so that "a write to the page
+//! removes it from staging" and "the writer indexes a page only if it is still staged" decide
+//! together (see [`Staging`]).
 
-use super::{Extension, Location, Vouched};
+use super::{Location, Vouched};
 use crate::config::Sharing;
+use crate::counters::{Counters, HistogramSnapshot};
 use crate::files::FileHandle;
 use crate::io::extension_file::ExtensionFile;
-use crate::io::{FileIdentity, FileStamp};
+use crate::io::{FaultyExtensionFile, FileIdentity, FileStamp};
 use crate::page::{FileKey, PageKey, SharedRead};
 use crate::pool::Frame;
 use std::collections::HashMap;
@@ -65,41 +68,61 @@ pub struct Written {
     pub read: Option<SharedRead>,
 }
 
+/// What a store holds and who shares it: the same fields for either store.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StoreView {
+    /// Cached pages, and the bytes of the ring they take.
+    pub pages: usize,
+    pub bytes: u64,
+    /// Processes that have the store open, this one included; 0 if it is not shared.
+    pub participants: usize,
+    /// Times the shared index was emptied after a participant died holding its lock.
+    pub recoveries: u64,
+    /// Times this process's bounded wait for the shared index's lock gave up.
+    pub lock_timeouts: u64,
+    /// RAM the shared memory takes, once for every process (0 if the store is not shared).
+    pub shared_memory_bytes: u64,
+}
+
+/// What a store's persistence, restore and adoption use of the extension that holds it: its
+/// ring (the file and the writer's place in it), its counters and its memory charge.
+pub(crate) struct Ring<'a> {
+    /// The extension's file: the ring, then the checkpoint slots.
+    pub file: &'a FaultyExtensionFile,
+    pub counters: &'a Counters,
+    /// The region the writer is filling (the ring's newest).
+    pub writer_region: usize,
+    /// Charges `more` bytes of index memory on top of what the index takes now; false if the
+    /// host cannot make room.
+    pub charge_more: &'a dyn Fn(u64) -> bool,
+}
+
 pub(crate) trait L2Store: Send + Sync {
     fn sharing(&self) -> Sharing;
 
-    /// Cached pages, and the bytes of the ring they take.
-    fn stats(&self) -> (usize, u64);
+    /// What the store holds and who shares it (a shared store takes its lock, briefly).
+    fn view(&self) -> StoreView;
+
+    /// Other processes that have the store open now (a shared store probes their locks).
+    fn others_attached(&self) -> usize;
+
+    /// How long this process waited for a lock it shares with other processes, each time it
+    /// took it; None if it shares none.
+    fn lock_wait(&self) -> Option<HistogramSnapshot>;
 
     /// Where `key` is cached.
     fn locate(&self, key: PageKey) -> Option<Hit>;
 
     /// The pages of `keys` that sit right after `after`'s, each `page_len` long: the longest such
     /// run (a prefix of `keys`).
-    fn locate_run(&self, after: PageKey, keys: &[PageKey], page_len: usize) -> Vec<Hit> {
-        let Some(first) = self.locate(after) else {
-            return Vec::new();
-        };
-        let mut next = first.location.offset + first.location.len as u64;
-        keys.iter()
-            .map_while(|&k| {
-                let hit = self
-                    .locate(k)
-                    .filter(|h| h.location.offset == next && h.location.len == page_len)?;
-                next += page_len as u64;
-                Some(hit)
-            })
-            .collect()
-    }
+    fn locate_run(&self, after: PageKey, keys: &[PageKey], page_len: usize) -> Vec<Hit>;
 
     /// Removes the entry of `key` if it still is `location` (its read failed); whether it was.
     fn drop_if(&self, key: PageKey, location: Location) -> bool;
 
-    /// What a read of `key` from the data file is made under, taken before the read (a shared
-    /// store: see `SharedRead`).
-    fn read_under(&self, _file: &FileHandle, _key: PageKey) -> Option<SharedRead> {
-        None
-    }
+    /// What a read of `key` from the data file is made under, taken before the read (see
+    /// `SharedRead`); None where other processes' writes need not be told apart.
+    fn read_under(&self, file: &FileHandle, key: PageKey) -> Option<SharedRead>;
 
     /// Stages `frame`'s page for the writer under `seq`, unless a copy of it that `keep` accepts
     /// (by its location) is here, or one is staged already, or (a shared store) it cannot be
@@ -118,7 +141,7 @@ pub(crate) trait L2Store: Send + Sync {
     fn invalidate(&self, file: &FileHandle, key: PageKey);
 
     /// The page's bytes are in the data file now (see `Extension::written`).
-    fn written(&self, _file: &FileHandle, _key: PageKey) {}
+    fn written(&self, file: &FileHandle, key: PageKey);
 
     /// Drops every copy of pages of `file` from `first_page` on (all files if None). False: a
     /// shared store whose lock a stopped process holds is emptied at this process's next lock.
@@ -131,6 +154,10 @@ pub(crate) trait L2Store: Send + Sync {
     /// RAM the store's own tables take in this process, charged against max server memory.
     fn footprint(&self) -> u64;
 
+    /// The region the ring overwrites next (see `Extension::nears_the_tail`); None if it cannot
+    /// be told now.
+    fn ring_tail(&self) -> Option<usize>;
+
     // The writer's side (one thread).
 
     /// Enters the region the writer fills next (`next` if the ring is this process's alone),
@@ -140,40 +167,35 @@ pub(crate) trait L2Store: Send + Sync {
 
     /// Whether the writer may still write into the region it entered (a shared store's claim
     /// is voided by a recovery, and another process may have claimed the region since).
-    fn holds_region(&self) -> bool {
-        true
-    }
+    fn holds_region(&self) -> bool;
 
     /// Index bytes this process's store needs with `pages` more in `region`; None if it never
     /// grows (the shared index is laid out in full).
-    fn index_bytes_with(&self, _region: usize, _pages: usize) -> Option<u64> {
-        None
-    }
+    fn index_bytes_with(&self, region: usize, pages: usize) -> Option<u64>;
 
     /// Forgets `region` to make room in the index; returns the pages it held.
-    fn release_region(&self, _region: usize) -> usize {
-        0
-    }
+    fn release_region(&self, region: usize) -> usize;
 
     /// Indexes the pages written into `region` that are still staged under their sequence
     /// number. False: the region was taken from the writer meanwhile (nothing more goes into it).
     fn index_written(&self, region: usize, pages: &[Written]) -> bool;
 
     /// The writer is done with its region.
-    fn leave_region(&self) {}
+    fn leave_region(&self);
+
+    /// Whether the writer, entering `region`, must persist first (a checkpoint in force lets a
+    /// restore assume only so many regions were overwritten after it).
+    fn persist_due_at(&self, region: usize) -> bool;
+
+    /// The writer is being stopped: no wait of its may outlast another process's stop.
+    fn stop_waiting(&self);
 
     // What outlives this process.
 
     /// Records what the next process may take on trust: a private store checkpoints its index
     /// and the `vouched` files into the file (only if something changed, when `if_changed`); a
     /// shared one vouches for the files' stamps in shared memory.
-    fn persist(&self, ext: &Extension, vouched: Vouched, resident: Resident<'_>, if_changed: bool);
-
-    /// Whether the writer, entering `region`, must persist first (a checkpoint in force lets a
-    /// restore assume only so many regions were overwritten after it).
-    fn persist_due_at(&self, _ext: &Extension, _region: usize) -> bool {
-        false
-    }
+    fn persist(&self, ring: &Ring<'_>, vouched: Vouched, resident: Resident<'_>, if_changed: bool);
 
     /// The extension is switched off: the file goes (with the last process, if shared).
     fn shut_down(&self, file: &ExtensionFile);
@@ -181,53 +203,43 @@ pub(crate) trait L2Store: Send + Sync {
     /// The process closes the extension, keeping the file for the next one.
     fn close(&self, file: &ExtensionFile);
 
-    // Warm restart from a checkpoint. A private store keeps checkpoints in the file; a shared
-    // index outlives its processes in shared memory instead, and restores nothing.
+    /// The descriptor of a lock the store holds besides the file's own, to be closed in a
+    /// forked child (see `Engine::after_fork`).
+    fn lock_fd(&self) -> Option<i32>;
 
-    /// Whether the store writes checkpoints into the file (a store that does not voids any left
-    /// there: a later private take-over would trust it).
-    fn keeps_checkpoints(&self) -> bool {
-        false
-    }
+    /// Takes the lock shared with other processes and stops this process holding it (tests:
+    /// what a stopped participant costs the others); false, without stopping, if there is none.
+    #[cfg(feature = "testing")]
+    fn stop_holding_the_lock(&self) -> bool;
 
-    /// Reads the file's newest checkpoint, lists its pages for adoption, and returns the region
-    /// the writer goes on from (see `persist.rs`).
-    fn restore(&self, _ext: &Extension) -> usize {
-        0
-    }
+    // Warm restart: what the previous process left is taken over. A private store reads the
+    // file's checkpoint and lists its pages per file until the file is opened; a shared index
+    // outlived its processes in shared memory, and its files are bound (their stamps checked)
+    // at their first read instead.
 
-    /// Indexes the checkpoint's pages of a file under `key` if the file is provably unchanged
-    /// (see `Extension::adopt`); returns those that were in the previous process's RAM.
+    /// Takes over what the previous process left, before the writer writes anything; returns
+    /// the region the writer goes on from.
+    fn restore(&self, ring: &Ring<'_>) -> usize;
+
+    /// Indexes the pages the previous process left of a file under `key` if the file is provably
+    /// unchanged (see `Extension::adopt`); returns those that were in the previous process's RAM.
     fn adopt(
         &self,
-        _ext: &Extension,
-        _key: FileKey,
-        _identity: FileIdentity,
-        _now: Option<FileStamp>,
-        _first_page: &mut dyn FirstPage,
-    ) -> Vec<(PageKey, Location)> {
-        Vec::new()
-    }
+        ring: &Ring<'_>,
+        key: FileKey,
+        identity: FileIdentity,
+        now: Option<FileStamp>,
+        first_page: &mut dyn FirstPage,
+    ) -> Vec<(PageKey, Location)>;
 
     /// Whether pages of some file still wait for adoption (an atomic load).
-    fn has_waiting_files(&self) -> bool {
-        false
-    }
+    fn has_waiting_files(&self) -> bool;
 
-    /// Whether the checkpoint lists pages of `file` still waiting (or being adopted).
-    fn has_restored(&self, _file: FileIdentity) -> bool {
-        false
-    }
+    /// Whether pages of `file` still wait (or are being adopted).
+    fn has_restored(&self, file: FileIdentity) -> bool;
 
-    /// The stamp the checkpoint recorded for a file whose pages wait.
-    fn recorded_stamp(&self, _file: FileIdentity) -> Option<FileStamp> {
-        None
-    }
-
-    /// The shared index, if the store is shared.
-    fn shared_index(&self) -> Option<&super::shared::SharedIndex> {
-        None
-    }
+    /// The stamp recorded for a file whose pages wait.
+    fn recorded_stamp(&self, file: FileIdentity) -> Option<FileStamp>;
 }
 
 /// Pages handed to the writer and not yet indexed, each under its staging sequence number. A

@@ -9,7 +9,7 @@
 //!
 //! It also restores the last checkpoint when the file was taken over from a previous process,
 //! adopts restored pages for files as they open, and checkpoints the index every few seconds
-//! while it changes (see `persist.rs`).
+//! while it changes (see `private/persist.rs`).
 
 use super::store::Written;
 use super::{page_crc, Extension, Staged, ToWriter, REGION_BYTES};
@@ -39,9 +39,8 @@ pub(super) fn spawn(ext: Arc<Extension>, rx: Receiver<ToWriter>, done: Arc<Latch
         if restore {
             let ext = writer.ext.clone();
             let started = Instant::now();
-            writer.region = ext.store.restore(&ext);
+            writer.region = ext.restore();
             ext.writer_region.store(writer.region, Relaxed);
-            ext.ring_tail.store(writer.region, Relaxed);
             ext.host.adopt_open_files(&ext);
             let took = started.elapsed();
             ext.restore_micros
@@ -275,8 +274,6 @@ impl Writer {
         };
         self.region = entered.region;
         ext.writer_region.store(entered.region, Relaxed);
-        ext.ring_tail
-            .store((entered.region + 1) % ext.regions, Relaxed);
         if entered.evicted > 0 {
             ext.counters
                 .ext_page_evictions
@@ -286,7 +283,7 @@ impl Writer {
         }
         // A fresh region: its pages have not been referenced since they were written.
         ext.region_last_ref[entered.region].store(now, Relaxed);
-        if ext.store.persist_due_at(ext, entered.region) {
+        if ext.store.persist_due_at(entered.region) {
             // Listed nothing of this region (just forgotten); bounds what a restore must void.
             ext.persist(false);
             self.last_checkpoint = Instant::now();

@@ -1,6 +1,8 @@
 //! Noticing that the database file changed under this process's cache, so that no connection
 //! is ever served a stale page: at the start of every read transaction, with no device round
-//! trip when nothing changed.
+//! trip when nothing changed. When to look is the connection's transaction's to say
+//! (`read_txn.rs`: at the lock that begins a read transaction, at a WAL read transaction's first
+//! read, at the WAL write and checkpoint locks); what changed, and what to forget, is said here.
 //!
 //! Three signals, all in memory or one syscall away:
 //!
@@ -438,7 +440,7 @@ impl FileWatch {
     /// 24..40; WAL: the wal-index header). On a replica, a position that moved while the header
     /// did not is a replicated transaction the header failed to show: the whole file is
     /// forgotten, as for any change nothing names the pages of, and true is returned (in WAL
-    /// mode the caller then writes the header LiteFS lost: `Conn::rewrite_lost_header`). On the
+    /// mode the caller then writes the header LiteFS lost: `read_txn::Opened::rewrite_lost_header`). On the
     /// primary the same sight is only a commit LiteFS has not yet moved the position for:
     /// nothing is forgotten.
     pub fn replica_position(
@@ -467,7 +469,7 @@ impl FileWatch {
     }
 
     /// Looks at the wal-index again within a read transaction (its first read of the file: see
-    /// `vfs::file::Conn::wal_first_read`) and forgets what another process's change put in the
+    /// `read_txn::ReadTxn::look`) and forgets what another process's change put in the
     /// file meanwhile.
     pub fn look_wal(
         &self,

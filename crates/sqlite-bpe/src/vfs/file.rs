@@ -1,6 +1,7 @@
 //! The main database file's methods: page reads and writes go through the core; everything else
-//! (locks, size, sync, shared memory, the header) goes to the unix file underneath, with a look
-//! at each read transaction's start for changes made by others (`change_detect.rs`).
+//! (locks, size, sync, shared memory, the header) goes to the unix file underneath. SQLite's
+//! lock calls are forwarded to the connection's transaction (`read_txn.rs`), which looks at
+//! each read transaction's start for changes made by others (`change_detect.rs`).
 //!
 //! The core's descriptors are derived from SQLite's own (`/proc/self/fd/N`), so SQLite's locks
 //! and syncs and our page I/O are on one file whatever happens to its name meanwhile. Page
@@ -8,13 +9,13 @@
 //! descriptor, or SQLite's read method where O_DIRECT is not used.
 
 use super::change_detect::FileWatch;
+use super::read_txn::{Opened, ReadTxn};
 use super::replica_pos::ReplicaPos;
 use super::unix_file::{self, unix, unix_locking, UnixFile};
-use super::wal_view::{self, WalLocks, WalToken};
 use crate::api;
 use crate::ffi::guard;
+use bpe_core::FileIdentity;
 use bpe_core::{BehindLog, DeviceOp, Engine, Error, FileHandle, OpenRequest, PinnedPage, Via};
-use bpe_core::{FileIdentity, FileStamp};
 use libsqlite3_sys::*;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::{Path, PathBuf};
@@ -42,29 +43,9 @@ pub struct Conn {
     identity: Option<FileIdentity>,
     /// wal-index region 0 while mapped (WAL mode).
     shm0: *const u8,
-    lock: c_int,
-    /// Written since the lock was last released: accept the stamp before releasing it.
-    wrote: bool,
-    /// This write transaction so far (rollback mode), for the bpe processes' commit log: the
-    /// change counter when it began, the pages written, a truncation (in pages).
-    txn_before: Option<u32>,
-    txn_pages: Vec<u64>,
-    txn_truncated: Option<u64>,
-    /// Something was written that the page list cannot describe (a write that is not a page, a
-    /// page size change): the commit must not be logged, so that readers forget the whole file.
-    txn_unloggable: bool,
-    /// Header bytes 24..40 read when the read transaction began, handed to SQLite's own read of
-    /// the same bytes that follows, which then costs no second read.
-    header: Option<[u8; 16]>,
-    /// The file's size from the stamp taken when the read transaction began, handed to SQLite's
-    /// own size query that follows (`pagerPagecount`), which then costs no second stat call:
-    /// see `Conn::size_of`.
-    size_at_lock: Option<i64>,
-    /// A WAL read transaction began (a read mark was locked) and has not read the file yet:
-    /// its first read looks at the wal-index again (see `Conn::wal_first_read`).
-    wal_read_began: bool,
-    /// The wal-index token the read transaction's look at its read mark read, if any.
-    token_at_lock: Option<WalToken>,
+    /// The lock SQLite holds, what the look at the read transaction's start left for SQLite's
+    /// calls that follow, and what was written under the lock (read_txn.rs).
+    txn: ReadTxn,
     /// LiteFS's position file, if the database is on a LiteFS mount (replica_pos.rs).
     replica_pos: Option<ReplicaPos>,
     /// Pages SQLite holds in place through `xFetch`, until its `xUnfetch`.
@@ -94,16 +75,7 @@ impl Conn {
             fd,
             identity,
             shm0: std::ptr::null(),
-            lock: SQLITE_LOCK_NONE,
-            wrote: false,
-            txn_before: None,
-            txn_pages: Vec::new(),
-            txn_truncated: None,
-            txn_unloggable: false,
-            header: None,
-            size_at_lock: None,
-            wal_read_began: false,
-            token_at_lock: None,
+            txn: ReadTxn::new(),
             replica_pos,
             pins: Vec::new(),
             mmap_limit: 0,
@@ -132,6 +104,29 @@ impl Conn {
         std::mem::forget(std::mem::replace(&mut self.watch, watch));
         self.generation = generation;
         Ok(())
+    }
+
+    /// The transaction, and the open file it looks at (`real` the unix file underneath).
+    fn split(&mut self, real: *mut sqlite3_file) -> (&mut ReadTxn, Opened<'_>) {
+        let opened = Opened {
+            engine: &self.engine,
+            handle: &self.handle,
+            watch: &self.watch,
+            path: &self.path,
+            identity: self.identity,
+            replica_pos: self.replica_pos.as_ref(),
+            shm0: self.shm0,
+            real,
+        };
+        (&mut self.txn, opened)
+    }
+
+    /// A read of the file (`xRead`, `xFetch`): the first of a WAL read transaction looks again
+    /// (`ReadTxn::first_read`).
+    #[inline]
+    fn reading(&mut self, real: *mut sqlite3_file) {
+        let (txn, opened) = self.split(real);
+        txn.first_read(&opened);
     }
 }
 
@@ -310,9 +305,7 @@ unsafe extern "C" fn close(f: *mut sqlite3_file) -> c_int {
 
 unsafe extern "C" fn read(f: *mut sqlite3_file, buf: *mut c_void, amt: c_int, off: i64) -> c_int {
     method!(f, SQLITE_IOERR_READ, "xRead", |conn, real| {
-        if std::mem::take(&mut conn.wal_read_began) {
-            conn.wal_first_read(real);
-        }
+        conn.reading(real);
         // SAFETY: buf has amt writable bytes.
         let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, amt as usize) };
         if page_shaped(amt, off) {
@@ -332,7 +325,7 @@ unsafe extern "C" fn read(f: *mut sqlite3_file, buf: *mut c_void, amt: c_int, of
         }
         // SQLite's change-counter read at the start of a read transaction: we just read it.
         if off == 24 && amt == 16 {
-            if let Some(h) = conn.header.take() {
+            if let Some(h) = conn.txn.take_header() {
                 out.copy_from_slice(&h);
                 return SQLITE_OK;
             }
@@ -361,10 +354,8 @@ unsafe extern "C" fn fetch(
     // SAFETY: SQLite passes a writable out-pointer.
     unsafe { *pp = std::ptr::null_mut() };
     method!(f, SQLITE_OK, "xFetch", |conn, real| {
-        if std::mem::take(&mut conn.wal_read_began) {
-            conn.wal_first_read(real);
-        }
-        let usable = conn.lock >= SQLITE_LOCK_SHARED
+        conn.reading(real);
+        let usable = conn.txn.lock_level() >= SQLITE_LOCK_SHARED
             && page_shaped(amt, off)
             && off + amt as i64 <= conn.mmap_limit
             && amt as usize == conn.handle.page_size();
@@ -407,55 +398,15 @@ unsafe extern "C" fn write(
     method!(f, SQLITE_IOERR_WRITE, "xWrite", |conn, real| {
         // SAFETY: buf has amt readable bytes.
         let data = unsafe { std::slice::from_raw_parts(buf as *const u8, amt as usize) };
-        conn.size_at_lock = None;
-        conn.begin_writing();
-        if page_shaped(amt, off) {
-            match adopt_page_size(conn, amt) {
-                Err(()) => return SQLITE_IOERR_WRITE,
-                Ok(true) => {
-                    // Peers cannot follow a page-size change page by page.
-                    conn.txn_unloggable = true;
-                    // Pages of the old size go first, so that no later write of the file's
-                    // bytes is overwritten by an earlier one.
-                    let rc = conn.write_back(real);
-                    if rc != SQLITE_OK {
-                        return rc;
-                    }
-                }
-                Ok(false) => {}
-            }
-            let device = UnixFile(real);
-            let page = off as u64 / amt as u64;
-            let written = if conn.may_write_behind() {
-                conn.engine.write_page_behind(
-                    &conn.handle,
-                    page,
-                    data,
-                    Via(Some(&device)),
-                    &mut conn.behind,
-                )
-            } else {
-                conn.engine
-                    .write_page_via(&conn.handle, page, data, Via(Some(&device)))
-            };
-            if let Err(e) = written {
-                return io_code(&e, SQLITE_IOERR_WRITE);
-            }
-            conn.txn_pages.push(page);
+        conn.txn.forget_size();
+        conn.txn.begin_writing(&conn.watch);
+        let rc = if page_shaped(amt, off) {
+            conn.write_page(real, data, amt, off)
         } else {
-            // Not a page: write it as SQLite asked and forget what we cached of the file.
-            let rc = conn.write_back(real);
-            if rc != SQLITE_OK {
-                return rc;
-            }
-            conn.txn_unloggable = true;
-            conn.engine
-                .charge_data_device(DeviceOp::Write(amt.max(0) as u64));
-            let rc = unix!(real, xWrite, buf, amt, off);
-            if rc != SQLITE_OK {
-                return rc;
-            }
-            conn.engine.invalidate_file(&conn.handle);
+            conn.write_not_page(real, buf, amt, off)
+        };
+        if rc != SQLITE_OK {
+            return rc;
         }
         if off <= 24 && off + amt as i64 >= 40 {
             let at = (24 - off) as usize;
@@ -476,7 +427,7 @@ unsafe extern "C" fn truncate(f: *mut sqlite3_file, size: i64) -> c_int {
         // its calls. If it fails, so does the truncation, with SQLite's code: a failure SQLite
         // was told of (its test builds count an injected error as hit) must not end in a
         // success (SQLite's ioerr2.test 7.215.3 once committed after an injected fstat error).
-        conn.size_at_lock = None;
+        conn.txn.forget_size();
         let rc = conn.write_back(real);
         if rc != SQLITE_OK {
             return rc;
@@ -488,10 +439,10 @@ unsafe extern "C" fn truncate(f: *mut sqlite3_file, size: i64) -> c_int {
         }
         let rc = unix!(real, xTruncate, size);
         if rc == SQLITE_OK {
-            conn.begin_writing();
+            conn.txn.begin_writing(&conn.watch);
             if shrinks(before, size) {
                 let pages = (size as u64).div_ceil(conn.handle.page_size() as u64);
-                conn.txn_truncated = Some(conn.txn_truncated.map_or(pages, |t| t.min(pages)));
+                conn.txn.truncated_to(pages);
                 conn.engine.truncated(&conn.handle, size as u64);
             }
         }
@@ -512,7 +463,7 @@ fn shrinks(before: i64, size: i64) -> bool {
 unsafe extern "C" fn sync(f: *mut sqlite3_file, flags: c_int) -> c_int {
     method!(f, SQLITE_IOERR_FSYNC, "xSync", |conn, real| {
         // fsync through the unix descriptor flushes the inode, our writes included.
-        conn.size_at_lock = None;
+        conn.txn.forget_size();
         let rc = conn.write_back(real);
         if rc != SQLITE_OK {
             return rc;
@@ -528,7 +479,7 @@ unsafe extern "C" fn sync(f: *mut sqlite3_file, flags: c_int) -> c_int {
 
 unsafe extern "C" fn file_size(f: *mut sqlite3_file, size: *mut i64) -> c_int {
     method!(f, SQLITE_IOERR_FSTAT, "xFileSize", |conn, real| {
-        if let Some(s) = conn.size_at_lock.take() {
+        if let Some(s) = conn.txn.take_size() {
             // SAFETY: SQLite passes a writable i64.
             unsafe { *size = s };
             return SQLITE_OK;
@@ -544,68 +495,19 @@ unsafe extern "C" fn file_size(f: *mut sqlite3_file, size: *mut i64) -> c_int {
 
 unsafe extern "C" fn lock(f: *mut sqlite3_file, level: c_int) -> c_int {
     method!(f, SQLITE_IOERR_LOCK, "xLock", |conn, real| {
-        let rc = unix_locking!(real, xLock, level);
-        if rc == SQLITE_OK
-            && level == SQLITE_LOCK_SHARED
-            && conn.lock == SQLITE_LOCK_NONE
-            && conn.shm0.is_null()
-        {
-            // A read transaction begins (rollback mode, or WAL without a mapped wal-index).
-            let mut header = [0u8; 16];
-            let read = unix!(real, xRead, header.as_mut_ptr() as *mut c_void, 16, 24);
-            if read != SQLITE_OK && read != SQLITE_IOERR_SHORT_READ {
-                // The check could not be made: the read transaction cannot begin (as it could
-                // not if SQLite's own read of these bytes failed).
-                unix_locking!(real, xUnlock, SQLITE_LOCK_NONE);
-                return read;
-            }
-            let header = (read == SQLITE_OK).then_some(header);
-            let stamp = conn.handle.stamp_now().ok();
-            conn.size_at_lock = conn.size_of(stamp.as_ref());
-            conn.watch
-                .begin_read(&conn.engine, &conn.handle, header, stamp);
-            if let Some(pos) = &conn.replica_pos {
-                // Rollback mode: LiteFS writes page 1, so the counter SQLite reads moves too;
-                // a lost one is only forgotten (SQLite's readers see page 1 itself change).
-                let seen = header.map_or(Vec::new(), |h| h.to_vec());
-                conn.watch
-                    .replica_position(&conn.engine, &conn.handle, pos, &seen);
-            }
-            conn.header = header;
-        }
-        if rc == SQLITE_OK {
-            conn.lock = conn.lock.max(level);
-        }
-        rc
+        let (txn, opened) = conn.split(real);
+        txn.lock(&opened, level)
     })
 }
 
 unsafe extern "C" fn unlock(f: *mut sqlite3_file, level: c_int) -> c_int {
     method!(f, SQLITE_IOERR_UNLOCK, "xUnlock", |conn, real| {
-        conn.size_at_lock = None;
+        conn.txn.forget_size();
         // Before the lock goes: from then on other connections may read the file. On a failure
         // the pages leave L1 (the file is what they are now); the lock still goes.
         let written_back = conn.write_back_or_discard(real);
-        if std::mem::take(&mut conn.wrote) {
-            // Our writes, accepted (and in rollback mode logged for the other bpe processes)
-            // while still under the lock they were made under.
-            let pages = std::mem::take(&mut conn.txn_pages);
-            let truncated = conn.txn_truncated.take();
-            let loggable = conn.shm0.is_null() && !std::mem::take(&mut conn.txn_unloggable);
-            let commit = conn
-                .txn_before
-                .take()
-                .filter(|_| loggable)
-                .map(|before| (before, pages.as_slice(), truncated));
-            conn.watch.wrote(&conn.handle, commit);
-        }
-        let rc = unix_locking!(real, xUnlock, level);
-        if rc == SQLITE_OK {
-            conn.lock = level;
-            if level == SQLITE_LOCK_NONE {
-                conn.header = None;
-            }
-        }
+        let (txn, opened) = conn.split(real);
+        let rc = txn.unlock(&opened, level);
         if rc == SQLITE_OK {
             written_back
         } else {
@@ -626,7 +528,7 @@ unsafe extern "C" fn check_reserved_lock(f: *mut sqlite3_file, out: *mut c_int) 
 unsafe extern "C" fn file_control(f: *mut sqlite3_file, op: c_int, arg: *mut c_void) -> c_int {
     method!(f, SQLITE_ERROR, "xFileControl", |conn, real| {
         // A size hint may grow the file.
-        conn.size_at_lock = None;
+        conn.txn.forget_size();
         // Any other operation may look at the file's bytes (a size hint only grows it, and
         // SQLite gives one while it spills pages, which write-behind is for).
         if op != SQLITE_FCNTL_SIZE_HINT {
@@ -730,11 +632,6 @@ fn shm_is_the_extension(conn: &Conn) -> bool {
     }
 }
 
-/// wal.c's lock slots: 0 write, 1 checkpoint, 2 recover, 3..8 read marks.
-const WAL_WRITE_LOCK: c_int = 0;
-const WAL_CKPT_LOCK: c_int = 1;
-const WAL_READ_LOCK0: c_int = 3;
-
 unsafe extern "C" fn shm_lock(
     f: *mut sqlite3_file,
     offset: c_int,
@@ -742,149 +639,12 @@ unsafe extern "C" fn shm_lock(
     flags: c_int,
 ) -> c_int {
     method!(f, SQLITE_IOERR_SHMLOCK, "xShmLock", |conn, real| {
-        conn.size_at_lock = None;
-        let guarded = WalLocks {
-            write: offset <= WAL_WRITE_LOCK && offset + n > WAL_WRITE_LOCK,
-            checkpoint: offset <= WAL_CKPT_LOCK && offset + n > WAL_CKPT_LOCK,
-        };
-        let exclusive = flags & SQLITE_SHM_EXCLUSIVE != 0 && guarded != WalLocks::default();
-        if exclusive && flags & SQLITE_SHM_UNLOCK != 0 {
-            // Account for what we did under the lock before anyone else can take it.
-            conn.wal_lock(real, guarded, false);
-        }
-        let rc = unix_locking!(real, xShmLock, offset, n, flags);
-        if rc != SQLITE_OK || flags & SQLITE_SHM_LOCK == 0 {
-            return rc;
-        }
-        if exclusive {
-            conn.wal_lock(real, guarded, true);
-        }
-        if flags & SQLITE_SHM_SHARED != 0 && offset >= WAL_READ_LOCK0 {
-            // A read transaction begins (WAL mode): has anyone else checkpointed?
-            let mark0 = offset == WAL_READ_LOCK0;
-            if conn.shm0.is_null() {
-                // No wal-index mapped (`readonly_shm`: SQLite reads the WAL file itself, and
-                // holds its database lock for the connection's life): the stamp is the signal.
-                let stamp = conn.handle.stamp_now().ok();
-                if mark0 {
-                    // Read mark 0: no checkpoint writes the database file while the mark is
-                    // held (wal.c takes it exclusively to backfill). The snapshot is the file
-                    // alone, except under `readonly_shm` with a wal-index rebuilt in heap
-                    // memory, where SQLite reads WAL frames too; the file's size holds either
-                    // way.
-                    conn.size_at_lock = conn.size_of(stamp.as_ref());
-                }
-                conn.watch
-                    .begin_read(&conn.engine, &conn.handle, None, stamp);
-            } else {
-                let shm0 = conn.shm0;
-                let token_at_lock = std::cell::Cell::new(None);
-                let read_token = || {
-                    // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closures run
-                    // within this call, before anything can unmap it.
-                    let token = unsafe { wal_view::wal_token(shm0) };
-                    token_at_lock.set(token);
-                    token
-                };
-                // SAFETY: as above, and real is this connection's open unix file.
-                let pages = |from, to, salts| unsafe {
-                    wal_view::wal_frame_pages(real, shm0, from, to, salts)
-                };
-                // The stamp, only if the wal-index look needs it (a system call saved per read
-                // transaction otherwise).
-                let taken = std::cell::Cell::new(None);
-                let handle = &conn.handle;
-                let stamp = || {
-                    let s = handle.stamp_now().ok();
-                    taken.set(s);
-                    s
-                };
-                conn.watch
-                    .begin_read_wal(&conn.engine, &conn.handle, read_token, &pages, stamp);
-                if mark0 {
-                    // As above; taken after the mark was granted, it answers SQLite's size
-                    // query too. Not taken, SQLite's own stat call answers it, as in stock.
-                    conn.size_at_lock = conn.size_of(taken.get().as_ref());
-                }
-                if let Some(pos) = &conn.replica_pos {
-                    // SAFETY: as above.
-                    let seen = unsafe { wal_view::header_copy(shm0) };
-                    if conn
-                        .watch
-                        .replica_position(&conn.engine, &conn.handle, pos, &seen)
-                    {
-                        conn.rewrite_lost_header(real, &seen);
-                    }
-                }
-                conn.token_at_lock = token_at_lock.get();
-                conn.wal_read_began = true;
-            }
-        }
-        rc
+        let (txn, opened) = conn.split(real);
+        txn.shm_lock(&opened, offset, n, flags)
     })
 }
 
 impl Conn {
-    /// On a LiteFS replica whose wal-index header was lost (`FileWatch::replica_position`):
-    /// writes it as LiteFS would have, with iChange + 1, so that every connection's SQLite sees
-    /// a change and drops its own page cache, and none keeps serving pages the transaction
-    /// replaced. This is the only write bpe makes to state SQLite owns, and it is made as
-    /// SQLite's own writer makes its header write: under the WAL write lock (asked without
-    /// waiting: whoever holds it, LiteFS applying a transaction, writes a header of its own),
-    /// and only if the header is still the one `seen` before the lock (`bump_change` checks).
-    /// Anything else, and nothing is written.
-    fn rewrite_lost_header(&mut self, real: *mut sqlite3_file, seen: &[u8; 48]) {
-        bpe_core::pause::point(bpe_core::pause::LOST_HEADER_SEEN);
-        let exclusive = SQLITE_SHM_LOCK | SQLITE_SHM_EXCLUSIVE;
-        if unix_locking!(real, xShmLock, WAL_WRITE_LOCK, 1, exclusive) != SQLITE_OK {
-            return;
-        }
-        bpe_core::pause::point(bpe_core::pause::LOST_HEADER_LOCKED);
-        // SAFETY: shm0 is region 0 as mapped by the unix VFS, mapped while the connection holds
-        // its read mark; we hold the WAL write lock, so no SQLite writer writes the header.
-        let written = unsafe { wal_view::bump_change(self.shm0, seen) };
-        let unlock = SQLITE_SHM_UNLOCK | SQLITE_SHM_EXCLUSIVE;
-        unix_locking!(real, xShmLock, WAL_WRITE_LOCK, 1, unlock);
-        if written {
-            api::log(
-                SQLITE_NOTICE,
-                &format!(
-                    "bpe: {}: LiteFS's wal-index header was lost; rewritten with the next change counter",
-                    self.path.display()
-                ),
-            );
-        }
-    }
-
-    /// The size SQLite's next `xFileSize` is answered with, from the stamp just taken as a read
-    /// transaction began (in WAL mode, where `begin_read_wal` took one). Stock SQLite makes a stat call there (`pagerPagecount`: in rollback
-    /// mode at each read transaction, in WAL mode only when the wal-index knows no page count,
-    /// as after it is rebuilt from an empty WAL), and ours then stands in for it. Unused, it
-    /// waits under the lock and goes with the next call that may change the size.
-    ///
-    /// Why it is the answer a fresh fstat would give: the stamp was taken after the lock was
-    /// granted, so it is a size SQLite's own fstat could have returned had it run a moment
-    /// earlier; only a change by this connection in between would be ordered before SQLite's
-    /// call, and every call that may make one (a write, truncation, sync, file control, unlock,
-    /// or another wal-index lock) drops the answer first. It is given once. Under the usual
-    /// locks no other SQLite writer can change the size at all (rollback: the SHARED lock, which
-    /// a writer's EXCLUSIVE waits for; WAL: read mark 0, which a checkpoint must take
-    /// exclusively before it backfills); before a wal-index is mapped (WAL mode's first look,
-    /// `readonly_shm`) another process's checkpoint may, exactly as it may just after an fstat.
-    /// Only a stamp of this connection's own file counts (a stamp by path may name another);
-    /// when the file's identity is unknown (its descriptor could not be stat'ed), none does.
-    fn size_of(&self, stamp: Option<&FileStamp>) -> Option<i64> {
-        let stamp = stamp?;
-        if self.identity != Some(stamp.identity) {
-            return None;
-        }
-        // unixFileSize reports a 1-byte file as empty (its ticket #3260 workaround).
-        match stamp.size {
-            1 => Some(0),
-            s => i64::try_from(s).ok(),
-        }
-    }
-
     /// `SQLITE_FCNTL_MMAP_SIZE`: answers the limit in force and sets the new one (`*arg` >= 0),
     /// as the unix VFS does: clamped to SQLite's maximum (the unix file, which never maps the
     /// file since our `fetch` stands in for its own, keeps and clamps it), and left as it is
@@ -913,12 +673,73 @@ impl Conn {
         rc
     }
 
+    /// `xWrite` of a page: through the core, or held in L1 (`may_write_behind`).
+    fn write_page(&mut self, real: *mut sqlite3_file, data: &[u8], amt: c_int, off: i64) -> c_int {
+        match adopt_page_size(self, amt) {
+            Err(()) => return SQLITE_IOERR_WRITE,
+            Ok(true) => {
+                // Peers cannot follow a page-size change page by page.
+                self.txn.wrote_unloggable();
+                // Pages of the old size go first, so that no later write of the file's
+                // bytes is overwritten by an earlier one.
+                let rc = self.write_back(real);
+                if rc != SQLITE_OK {
+                    return rc;
+                }
+            }
+            Ok(false) => {}
+        }
+        let device = UnixFile(real);
+        let page = off as u64 / amt as u64;
+        let written = if self.may_write_behind() {
+            self.engine.write_page_behind(
+                &self.handle,
+                page,
+                data,
+                Via(Some(&device)),
+                &mut self.behind,
+            )
+        } else {
+            self.engine
+                .write_page_via(&self.handle, page, data, Via(Some(&device)))
+        };
+        if let Err(e) = written {
+            return io_code(&e, SQLITE_IOERR_WRITE);
+        }
+        self.txn.wrote_page(page);
+        SQLITE_OK
+    }
+
+    /// `xWrite` of anything but a page: written as SQLite asked, and what we cached of the file
+    /// is forgotten.
+    fn write_not_page(
+        &mut self,
+        real: *mut sqlite3_file,
+        buf: *const c_void,
+        amt: c_int,
+        off: i64,
+    ) -> c_int {
+        let rc = self.write_back(real);
+        if rc != SQLITE_OK {
+            return rc;
+        }
+        self.txn.wrote_unloggable();
+        self.engine
+            .charge_data_device(DeviceOp::Write(amt.max(0) as u64));
+        let rc = unix!(real, xWrite, buf, amt, off);
+        if rc != SQLITE_OK {
+            return rc;
+        }
+        self.engine.invalidate_file(&self.handle);
+        SQLITE_OK
+    }
+
     /// Whether a page write may be held in L1 until `write_back`: only under an EXCLUSIVE lock
     /// in rollback mode (no wal-index), which no reader in any process gets past before the
     /// unlock writes the pages back. A WAL checkpoint writes under a SHARED lock while readers
     /// read the file, so it writes through.
     fn may_write_behind(&self) -> bool {
-        self.lock == SQLITE_LOCK_EXCLUSIVE && self.shm0.is_null()
+        self.txn.lock_level() == SQLITE_LOCK_EXCLUSIVE && self.shm0.is_null()
     }
 
     /// Writes the pages written behind to the file (SQLite's own write method), before anything
@@ -950,69 +771,6 @@ impl Conn {
             self.engine.discard_behind(&mut self.behind);
         }
         rc
-    }
-
-    /// Notes that this lock period writes the file (the counter it started from, once).
-    fn begin_writing(&mut self) {
-        self.watch.wrote_file();
-        if !std::mem::replace(&mut self.wrote, true) {
-            self.txn_before = self.watch.counter();
-            self.txn_pages.clear();
-            self.txn_truncated = None;
-            self.txn_unloggable = false;
-        }
-    }
-
-    /// The first read of the file in a WAL read transaction. SQLite reads nBackfill, which says
-    /// which pages it reads from the file rather than the WAL (those of frames up to it), after
-    /// it locked its read mark, so after `begin_read_wal` looked in xShmLock. A checkpoint by
-    /// another process in between copied pages into the file that this transaction now reads
-    /// there, and that our cache may hold older: look again before serving any (walthread-4:
-    /// "row N missing from index" under a writer process's PASSIVE checkpoints). Looking here
-    /// is enough: a backfill after SQLite's read of nBackfill covers only frames SQLite reads
-    /// from the WAL in this transaction, and is accounted at the next look.
-    ///
-    /// Only a backfill writes the file while this transaction holds its read mark (mark 0 bars
-    /// any backfill; another mark bars a restart, the only reset of nBackfill), and a backfill
-    /// moves nBackfill forward. So an nBackfill equal to the one the lock's look read means the
-    /// file holds what that look saw, and there is nothing to account here: one load, not the
-    /// watch's lock and a whole token (the common case, once in every read transaction). What
-    /// else moved meanwhile (a commit) is accounted at the next look, as any later change is.
-    fn wal_first_read(&self, real: *mut sqlite3_file) {
-        if self.shm0.is_null() {
-            return;
-        }
-        let shm0 = self.shm0;
-        let unmoved = self.token_at_lock.is_some_and(|at_lock| {
-            // SAFETY: as in wal_lock.
-            let backfill = unsafe { wal_view::wal_backfill(shm0) };
-            backfill == at_lock.backfill
-        });
-        if unmoved {
-            return;
-        }
-        // SAFETY: as in wal_lock.
-        let read_token = || unsafe { wal_view::wal_token(shm0) };
-        // SAFETY: as in wal_lock.
-        let pages =
-            |from, to, salts| unsafe { wal_view::wal_frame_pages(real, shm0, from, to, salts) };
-        self.watch
-            .look_wal(&self.engine, &self.handle, read_token, &pages);
-    }
-
-    fn wal_lock(&self, real: *mut sqlite3_file, locks: WalLocks, held: bool) {
-        if self.shm0.is_null() {
-            return;
-        }
-        let shm0 = self.shm0;
-        // SAFETY: shm0 is region 0 as mapped by the unix VFS; the closures run within this call,
-        // before anything can unmap it.
-        let read_token = || unsafe { wal_view::wal_token(shm0) };
-        // SAFETY: as above, and real is this connection's open unix file.
-        let pages =
-            |from, to, salts| unsafe { wal_view::wal_frame_pages(real, shm0, from, to, salts) };
-        self.watch
-            .wal_lock(&self.engine, &self.handle, read_token, &pages, locks, held);
     }
 }
 

@@ -54,6 +54,7 @@ mod change_detect;
 mod charged_file;
 mod file;
 mod peer_log;
+mod read_txn;
 mod replica_log;
 mod replica_pos;
 mod replica_snapshots;

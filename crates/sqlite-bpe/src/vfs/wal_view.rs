@@ -332,7 +332,7 @@ fn truncated_at_attach(first: &[u32; 12], second: &[u32; 12]) -> bool {
         && second.iter().all(|&w| w == 0)
 }
 
-/// nBackfill alone, for a look within a read transaction (see `Conn::wal_first_read`).
+/// nBackfill alone, for a look within a read transaction (see `ReadTxn::look` in read_txn.rs).
 ///
 /// # Safety
 /// As `wal_token`.
@@ -368,7 +368,7 @@ pub unsafe fn header_copy(region0: *const u8) -> [u8; 48] {
 /// Writes the wal-index header anew with iChange + 1 and its checksum, the second copy first as
 /// wal.c's writers do, so that every connection's SQLite sees a change at its next read
 /// transaction and drops its own page cache. Only for LiteFS's lost header on a replica (see
-/// `Conn::rewrite_lost_header`): this is the write LiteFS made and lost. A reader that looks
+/// `Opened::rewrite_lost_header` in read_txn.rs): this is the write LiteFS made and lost. A reader that looks
 /// between the two copies finds them unequal and retries, as with any writer's header. False
 /// (nothing written) if the header is no longer `expected` (someone wrote it since it was
 /// read), the copies disagree, or the checksum is not in this machine's byte order.

@@ -7,10 +7,14 @@
 
 use super::{Admission, Attached, Claim, SharedIndex};
 use crate::config::Sharing;
-use crate::extension::store::{Entered, Hit, L2Store, Resident, Staging, Written};
-use crate::extension::{Extension, Location, Vouched};
+use crate::counters::HistogramSnapshot;
+use crate::extension::store::{
+    Entered, FirstPage, Hit, L2Store, Resident, Ring, Staging, StoreView, Written,
+};
+use crate::extension::{Location, Vouched};
 use crate::files::FileHandle;
 use crate::io::extension_file::ExtensionFile;
+use crate::io::{FileIdentity, FileStamp};
 use crate::page::{FileKey, PageKey, SharedRead};
 use crate::pool::Frame;
 use crate::sync::{Mutex, Rank};
@@ -43,9 +47,24 @@ impl L2Store for SharedStore {
         Sharing::Shared
     }
 
-    fn stats(&self) -> (usize, u64) {
+    fn view(&self) -> StoreView {
         let s = self.attached.index.stats();
-        (s.pages as usize, s.bytes)
+        StoreView {
+            pages: s.pages as usize,
+            bytes: s.bytes,
+            participants: s.participants,
+            recoveries: s.recoveries,
+            lock_timeouts: s.lock_timeouts,
+            shared_memory_bytes: s.resident_bytes,
+        }
+    }
+
+    fn others_attached(&self) -> usize {
+        self.attached.index.others_attached()
+    }
+
+    fn lock_wait(&self) -> Option<HistogramSnapshot> {
+        Some(self.attached.index.lock_wait())
     }
 
     fn locate(&self, key: PageKey) -> Option<Hit> {
@@ -53,6 +72,23 @@ impl L2Store for SharedStore {
             location: hit.location,
             theirs: !hit.mine,
         })
+    }
+
+    /// One lookup (and one hold of the shared lock) per page.
+    fn locate_run(&self, after: PageKey, keys: &[PageKey], page_len: usize) -> Vec<Hit> {
+        let Some(first) = self.locate(after) else {
+            return Vec::new();
+        };
+        let mut next = first.location.offset + first.location.len as u64;
+        keys.iter()
+            .map_while(|&k| {
+                let hit = self
+                    .locate(k)
+                    .filter(|h| h.location.offset == next && h.location.len == page_len)?;
+                next += page_len as u64;
+                Some(hit)
+            })
+            .collect()
     }
 
     fn drop_if(&self, key: PageKey, location: Location) -> bool {
@@ -139,6 +175,12 @@ impl L2Store for SharedStore {
         0 // the index is in shared memory, laid out in full when the segment is made
     }
 
+    /// The shared head, where the next claim starts its search: every process's writer claims
+    /// regions from there. None if the index cannot be locked now.
+    fn ring_tail(&self) -> Option<usize> {
+        self.attached.index.ring_head()
+    }
+
     /// The next region free of other live writers (the one held, if the writer holds one).
     fn enter_region(&self, _next: usize) -> Option<Entered> {
         if let Some(c) = self.claim() {
@@ -161,6 +203,17 @@ impl L2Store for SharedStore {
     fn holds_region(&self) -> bool {
         self.claim()
             .is_some_and(|c| self.attached.index.holds_claim(c))
+    }
+
+    /// None: the index is laid out in full in shared memory, and never grows.
+    fn index_bytes_with(&self, _region: usize, _pages: usize) -> Option<u64> {
+        None
+    }
+
+    /// Nothing to release: the index never grows (`index_bytes_with`), so it is never short of
+    /// room; the regions are everyone's, and only a claim empties one.
+    fn release_region(&self, _region: usize) -> usize {
+        0
     }
 
     fn index_written(&self, _region: usize, pages: &[Written]) -> bool {
@@ -203,12 +256,23 @@ impl L2Store for SharedStore {
         }
     }
 
+    /// Never: no checkpoint bounds the ring (each claim is published as it is written).
+    fn persist_due_at(&self, _region: usize) -> bool {
+        false
+    }
+
+    /// A participant stopped holding the shared lock would keep the writer waiting for it (in
+    /// a claim, a publication, a seal): its waits give up now.
+    fn stop_waiting(&self) {
+        self.attached.index.interrupt_waits();
+    }
+
     /// What a checkpoint's file list does for a private store, vouching does here: the stamps
     /// this process's change detection verified its files at (never racy when read) vouch for
     /// their entries to the next process that binds them. A stamp older than
     /// the file's moves nothing: the next binder sees the file's newer stamp and starts it
     /// afresh.
-    fn persist(&self, _ext: &Extension, vouched: Vouched, _: Resident<'_>, _if_changed: bool) {
+    fn persist(&self, _: &Ring<'_>, vouched: Vouched, _: Resident<'_>, _if_changed: bool) {
         for v in &vouched.files {
             self.attached.vouch_verified(v.key, v.stamp);
         }
@@ -228,7 +292,46 @@ impl L2Store for SharedStore {
         file.unlock();
     }
 
-    fn shared_index(&self) -> Option<&SharedIndex> {
-        Some(&self.attached.index)
+    /// The participant lock's own open description of the file.
+    fn lock_fd(&self) -> Option<i32> {
+        Some(self.attached.index.raw_fd())
+    }
+
+    #[cfg(feature = "testing")]
+    fn stop_holding_the_lock(&self) -> bool {
+        self.attached.index.stop_holding_the_lock();
+        true
+    }
+
+    /// Nothing to take over: the index outlived its processes in shared memory, and the attach
+    /// found it. (A shared extension's file is never taken over as a private one's is.)
+    fn restore(&self, _: &Ring<'_>) -> usize {
+        0
+    }
+
+    /// Nothing waits: a file is bound at its first use instead, from its stamp then, which
+    /// keeps its entries only if it is the stamp vouched for (`Attached::bind`).
+    fn adopt(
+        &self,
+        _: &Ring<'_>,
+        _key: FileKey,
+        _identity: FileIdentity,
+        _now: Option<FileStamp>,
+        _first_page: &mut dyn FirstPage,
+    ) -> Vec<(PageKey, Location)> {
+        Vec::new()
+    }
+
+    /// None: see `adopt`.
+    fn has_waiting_files(&self) -> bool {
+        false
+    }
+
+    fn has_restored(&self, _file: FileIdentity) -> bool {
+        false
+    }
+
+    fn recorded_stamp(&self, _file: FileIdentity) -> Option<FileStamp> {
+        None
     }
 }

@@ -1,62 +1,62 @@
 //! Warm restart: the extension's index written to checkpoints, and read back by the next process
 //! that enables an extension at the same path.
 //!
-//! - **Checkpoint** (`Extension::checkpoint`): by the writer every few seconds while the index
-//!   changes, and at a clean close. It records, for every data file whose cached pages the
-//!   engine can vouch for, the stamp they were last verified against, read *before* the file's
-//!   key: a change after that moment gives the file another stamp, so a checkpoint can only
-//!   err towards dropping pages at restart, never towards keeping stale ones.
-//! - **Restore** (`Extension::restore`): by the writer of the next process, before it writes
-//!   anything, while queries are served from RAM and the data files. The checkpoint's pages go
-//!   to a waiting list per file identity; the writer continues the ring where the checkpoint
-//!   left it, and each region it enters voids what the list says of that region.
-//! - **Adoption** (`Extension::adopt`): when this process opens a listed file (or at once for a
-//!   file already open), with every write to the file held off. Its pages are indexed under the
-//!   file's current key only if the file is provably as it was: the same identity, a stamp equal
-//!   to the nanosecond (size, mtime, ctime), and its first page matching the checksum the
-//!   checkpoint recorded of it (SQLite's header: the change counter of every commit); a
+//! - **Checkpoint** (`PrivateStore::checkpoint_files`): by the writer every few seconds while
+//!   the index changes, and at a clean close. It records, for every data file whose cached
+//!   pages the engine can vouch for, the stamp they were last verified against, read *before*
+//!   the file's key: a change after that moment gives the file another stamp, so a checkpoint
+//!   can only err towards dropping pages at restart, never towards keeping stale ones.
+//! - **Restore** (`PrivateStore::restore_checkpoint`): by the writer of the next process, before
+//!   it writes anything, while queries are served from RAM and the data files. The checkpoint's
+//!   pages go to a waiting list per file identity; the writer continues the ring where the
+//!   checkpoint left it, and each region it enters voids what the list says of that region.
+//! - **Adoption** (`PrivateStore::adopt_file`): when this process opens a listed file (or at
+//!   once for a file already open), with every write to the file held off. Its pages are indexed
+//!   under the file's current key only if the file is provably as it was: the same identity, a
+//!   stamp equal to the nanosecond (size, mtime, ctime), and its first page matching the checksum
+//!   the checkpoint recorded of it (SQLite's header: the change counter of every commit); a
 //!   checkpoint without one proves nothing. Anything else drops the file's pages. Every page is still read back against its checksum.
 
-use super::checkpoint::{self, Checkpoint, PageCheck, SavedEntry, SavedFile, MAX_FILES};
-use super::private::PrivateStore;
 use super::restored::{Restored, RestoredFile};
-use super::store::{FirstPage, Resident};
-use super::{Extension, IndexStore, Location, REGION_BYTES};
+use super::PrivateStore;
 use crate::counters::Counters;
-use crate::io::{FileIdentity, FileStamp};
+use crate::extension::checkpoint::{self, Checkpoint, PageCheck, SavedEntry, SavedFile, MAX_FILES};
+use crate::extension::store::{FirstPage, Resident, Ring};
+use crate::extension::{IndexStore, Location, Vouched, REGION_BYTES, UNIT};
+use crate::io::{FaultyExtensionFile, FileIdentity, FileStamp};
 use crate::page::{FileKey, PageKey};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-/// `Extension::checkpoint_next` when the file holds no checkpoint in force.
+/// `PrivateStore::checkpoint_next` when the file holds no checkpoint in force.
 pub(super) const NO_CHECKPOINT: usize = usize::MAX;
 
 /// Entries indexed per hold of the tables' lock during an adoption: a short hold, so that
 /// lookups waiting for the lock are not held up by the whole adoption.
 const ADOPT_CHUNK: usize = 4096;
 
-impl Extension {
+impl PrivateStore {
     /// Writes the index to the next checkpoint slot, for the `vouched` files (key, stamp), read
     /// stamp first, then key, before this call (see the module doc), marking the pages
     /// `resident` says are in RAM. Errors only cost warmth at the next start.
     pub(super) fn checkpoint_files(
         &self,
-        store: &PrivateStore,
-        vouched: super::Vouched,
+        ring: &Ring<'_>,
+        vouched: Vouched,
         resident: Resident<'_>,
     ) {
         let mut generation = self.checkpoint_generation.lock();
-        store.index_changed.store(false, Relaxed);
+        self.index_changed.store(false, Relaxed);
         let started = Instant::now();
         let mut files: Vec<SavedFile> = Vec::new();
         let mut by_key: HashMap<FileKey, u16> = HashMap::new();
         let mut entries = Vec::new();
         let mut keys = Vec::new();
         let capacity = checkpoint::entry_capacity(self.regions);
-        let current = self.writer_region.load(Relaxed);
+        let current = ring.writer_region;
         {
-            let t = store.tables.read();
+            let t = self.tables.read();
             for v in &vouched.files {
                 if files.len() == MAX_FILES {
                     break;
@@ -87,7 +87,7 @@ impl Extension {
                         page: key.page as u32,
                         crc: loc.crc,
                         region: region as u32,
-                        unit: ((loc.offset % REGION_BYTES) / super::UNIT as u64) as u16,
+                        unit: ((loc.offset % REGION_BYTES) / UNIT as u64) as u16,
                         size_log2: loc.len.trailing_zeros() as u8,
                         hot: false,
                     });
@@ -132,13 +132,13 @@ impl Extension {
         };
         let buf = c.encode(self.regions);
         let offset = checkpoint::slot_offset(self.regions, c.generation);
-        match self.file.write_at(offset, &buf) {
+        match ring.file.write_at(offset, &buf) {
             Ok(()) => {
                 *generation += 1;
                 self.checkpoint_next.store(c.next_region, Relaxed);
                 self.checkpointed_files
                     .store(vouched.fingerprint(), Relaxed);
-                Counters::bump(&self.counters.ext_checkpoints);
+                Counters::bump(&ring.counters.ext_checkpoints);
                 log::debug!(
                     "buffer pool extension checkpoint {}: {} pages of {} files in {:?}",
                     c.generation,
@@ -152,20 +152,20 @@ impl Extension {
             // a file that refuses writes is on its way to being retired and deleted anyway).
             Err(e) => {
                 log::warn!("buffer pool extension checkpoint not written: {e}");
-                self.void_checkpoints();
+                self.void_checkpoints(ring.file);
             }
         }
     }
 
     /// Reads the newest valid checkpoint, lists its pages for adoption, and returns the region
     /// the writer goes on from. Run by the writer before it writes anything.
-    pub(super) fn restore_into(&self, store: &PrivateStore) -> usize {
+    pub(super) fn restore_checkpoint(&self, ring: &Ring<'_>) -> usize {
         let started = Instant::now();
         // Headers first: only the newest slot's payload is read and decoded, the other one
         // only if the newest fails its checks (a torn last checkpoint).
         let mut heads: Vec<(u64, u64, usize)> = Vec::new();
         for slot in 0..2u64 {
-            match self.read_slot_header(slot) {
+            match self.read_slot_header(ring.file, slot) {
                 Ok((generation, payload)) => heads.push((generation, slot, payload)),
                 Err(why) => log::debug!("checkpoint slot {slot}: {why}"),
             }
@@ -173,14 +173,14 @@ impl Extension {
         heads.sort_unstable_by_key(|h| std::cmp::Reverse(h.0));
         let highest = heads.first().map(|h| h.0);
         let newest = heads.iter().find_map(|&(_, slot, payload)| {
-            self.read_slot(slot, payload)
+            self.read_slot(ring.file, slot, payload)
                 .map_err(|why| log::debug!("checkpoint slot {slot}: {why}"))
                 .ok()
         });
         let Some(c) = newest else {
             log::info!(
                 "buffer pool extension {}: no usable checkpoint, starting cold",
-                self.path().display()
+                ring.file.file().path().display()
             );
             return 0;
         };
@@ -216,19 +216,19 @@ impl Extension {
         }
         self.checkpoint_next.store(c.next_region, Relaxed);
         let bytes = restored.bytes();
-        if !self.charge_more(bytes) {
-            self.counters
+        if !(ring.charge_more)(bytes) {
+            ring.counters
                 .ext_pages_not_restored
                 .fetch_add(c.entries.len() as u64, Relaxed);
             log::warn!("buffer pool extension: no memory to restore the checkpoint's index");
             return c.next_region;
         }
         let waiting = restored.files.len();
-        store.tables.write().restored = restored;
-        store.waiting_files.store(waiting, Relaxed);
+        self.tables.write().restored = restored;
+        self.waiting_files.store(waiting, Relaxed);
         log::info!(
             "buffer pool extension {}: checkpoint {} lists {} pages of {} files (read in {:?})",
-            self.path().display(),
+            ring.file.file().path().display(),
             c.generation,
             c.entries.len(),
             c.files.len(),
@@ -238,13 +238,8 @@ impl Extension {
     }
 
     /// Overwrites both slots' headers: the next process starts cold.
-    pub(super) fn void_checkpoints(&self) {
-        let blank = crate::io::AlignedBuf::new(4096);
-        for slot in 0..2u64 {
-            let _ = self
-                .file
-                .write_at(checkpoint::slot_offset(self.regions, slot), &blank);
-        }
+    fn void_checkpoints(&self, file: &FaultyExtensionFile) {
+        void_checkpoints(file, self.regions);
         self.checkpoint_next.store(NO_CHECKPOINT, Relaxed);
     }
 
@@ -258,86 +253,45 @@ impl Extension {
     }
 
     /// A slot's generation and payload length, from its header alone.
-    fn read_slot_header(&self, slot: u64) -> Result<(u64, usize), String> {
+    fn read_slot_header(
+        &self,
+        file: &FaultyExtensionFile,
+        slot: u64,
+    ) -> Result<(u64, usize), String> {
         let mut head = crate::io::AlignedBuf::new(4096);
-        self.file
-            .read_at(checkpoint::slot_offset(self.regions, slot), &mut head)
+        file.read_at(checkpoint::slot_offset(self.regions, slot), &mut head)
             .map_err(|e| e.to_string())?;
         Checkpoint::header(&head, self.regions)
     }
 
     /// A whole slot whose header claimed `payload` bytes, decoded and checked.
-    fn read_slot(&self, slot: u64, payload: usize) -> Result<Checkpoint, String> {
+    fn read_slot(
+        &self,
+        file: &FaultyExtensionFile,
+        slot: u64,
+        payload: usize,
+    ) -> Result<Checkpoint, String> {
         let mut whole = crate::io::AlignedBuf::new(4096 + payload);
-        self.file
-            .read_at(checkpoint::slot_offset(self.regions, slot), &mut whole)
+        file.read_at(checkpoint::slot_offset(self.regions, slot), &mut whole)
             .map_err(|e| e.to_string())?;
         Checkpoint::decode(&whole, self.regions)
-    }
-
-    /// Before a miss of `file` goes to the data file: while the restore runs, or while this
-    /// file's pages wait for adoption, waits for them (up to a second), and says whether it
-    /// waited (then the page is worth looking up again): a restored copy here is worth more than
-    /// a read of the slow device, and the restore takes tens of milliseconds per GiB. Once
-    /// nothing waits, this is two atomic loads.
-    pub fn await_restore(&self, file: FileIdentity) -> bool {
-        let pending = || !self.restore_done.load(Relaxed) || self.waits_for_adoption(file);
-        if !pending() {
-            return false;
-        }
-        let deadline = Instant::now() + std::time::Duration::from_secs(1);
-        while pending() && Instant::now() < deadline && !self.stopping.load(Relaxed) {
-            crate::sync::pause();
-        }
-        true
-    }
-
-    /// Whether pages of some file still wait for adoption.
-    pub fn has_waiting_files(&self) -> bool {
-        self.store.has_waiting_files()
-    }
-
-    /// Whether pages of `file` wait for adoption (one atomic load once none do).
-    fn waits_for_adoption(&self, file: FileIdentity) -> bool {
-        self.has_waiting_files() && self.has_restored(file)
-    }
-
-    /// The stamp the last checkpoint recorded for a file whose pages wait (fault injection).
-    pub(crate) fn recorded_stamp(&self, file: FileIdentity) -> Option<FileStamp> {
-        self.store.recorded_stamp(file)
-    }
-
-    /// Whether the last checkpoint lists pages of this file that are still waiting.
-    pub fn has_restored(&self, file: FileIdentity) -> bool {
-        self.store.has_restored(file)
     }
 
     /// Indexes the checkpoint's pages of a file under `key` if the file is provably unchanged:
     /// `now` (its stamp now) equals the recorded one, and its first page matches the copy's
     /// checksum. The caller holds off every write to the file, and runs on the writer's thread
-    /// (see `Extension::request_adoption`). Returns the adopted pages that were in the previous
-    /// process's RAM (to read back into RAM), newest region first.
-    pub fn adopt(
+    /// (see `Extension::adopt`). Returns the adopted pages that were in the previous process's
+    /// RAM (to read back into RAM), newest region first.
+    pub(super) fn adopt_file(
         &self,
-        key: FileKey,
-        identity: FileIdentity,
-        now: Option<FileStamp>,
-        mut first_page: impl FirstPage,
-    ) -> Vec<(PageKey, Location)> {
-        self.store.adopt(self, key, identity, now, &mut first_page)
-    }
-
-    /// `adopt` for a private store.
-    pub(super) fn adopt_into(
-        &self,
-        store: &PrivateStore,
+        ring: &Ring<'_>,
         key: FileKey,
         identity: FileIdentity,
         now: Option<FileStamp>,
         first_page: &mut dyn FirstPage,
     ) -> Vec<(PageKey, Location)> {
         let rec = {
-            let mut t = store.tables.write();
+            let mut t = self.tables.write();
             let rec = t.restored.take(identity);
             t.restored.adopting = rec.is_some().then_some(identity);
             rec
@@ -348,11 +302,10 @@ impl Extension {
         // A stamp that cannot be read, or of another inode (the file was replaced under its
         // name), proves nothing: none of its pages.
         let now = now.filter(|n| n.identity == identity);
-        let hot = self.adopt_entries(store, key, now, rec, first_page);
-        let mut t = store.tables.write();
+        let hot = self.adopt_entries(ring, key, now, rec, first_page);
+        let mut t = self.tables.write();
         t.restored.adopting = None;
-        store
-            .waiting_files
+        self.waiting_files
             .store(t.restored.files_waiting(), Relaxed);
         hot
     }
@@ -360,14 +313,14 @@ impl Extension {
     /// `adopt` for the entries `rec` taken off the waiting list.
     fn adopt_entries(
         &self,
-        store: &PrivateStore,
+        ring: &Ring<'_>,
         key: FileKey,
         now: Option<FileStamp>,
         rec: RestoredFile,
         first_page: &mut dyn FirstPage,
     ) -> Vec<(PageKey, Location)> {
         let refuse = |why: &str| {
-            self.counters
+            ring.counters
                 .ext_pages_not_restored
                 .fetch_add(rec.entries.len() as u64, Relaxed);
             log::info!(
@@ -383,13 +336,13 @@ impl Extension {
         if rec.stamp.identity.is_snapshot() {
             // A snapshot's identity names content that never changes (its caller derives it
             // from the database's checksum at that transaction): nothing left to check.
-            return self.index_adopted(store, key, rec);
+            return self.index_adopted(ring, key, rec);
         }
         // The stamp alone never vouches (a write within a coarse clock tick can leave it as it
         // was): the first page must read as the copy the checkpoint recorded, from the ring or
         // from RAM.
         let ring_copy = {
-            let t = store.tables.read();
+            let t = self.tables.read();
             rec.entries
                 .iter()
                 .find(|e| e.page == 0 && t.restored.live(e))
@@ -404,13 +357,13 @@ impl Extension {
         if first_page.crc(check.len as usize) != Some(check.crc) {
             return refuse("its first page differs from the cached copy");
         }
-        self.index_adopted(store, key, rec)
+        self.index_adopted(ring, key, rec)
     }
 
     /// Indexes the checked entries of `rec` under `key`; returns those that were in RAM.
     fn index_adopted(
         &self,
-        store: &PrivateStore,
+        ring: &Ring<'_>,
         key: FileKey,
         rec: RestoredFile,
     ) -> Vec<(PageKey, Location)> {
@@ -426,11 +379,11 @@ impl Extension {
             .filter(|&(_, n)| n > 0)
             .collect();
         let grow = {
-            let t = store.tables.read();
+            let t = self.tables.read();
             t.index.bytes_after_adding(&per_region) - t.index.bytes()
         };
-        if !self.charge_more(grow) {
-            self.counters
+        if !(ring.charge_more)(grow) {
+            ring.counters
                 .ext_pages_not_restored
                 .fetch_add(rec.entries.len() as u64, Relaxed);
             log::info!(
@@ -441,14 +394,14 @@ impl Extension {
             );
             return Vec::new();
         }
-        store.tables.write().index.prepare_many(&per_region);
+        self.tables.write().index.prepare_many(&per_region);
         let mut adopted = 0;
         let mut hot = Vec::new();
         // In chunks: the tables' lock is every L2 reader's, and a large file's adoption must
         // not stall the reads of the others. Only this thread grows the index, so the room
         // prepared stays room between chunks.
         for chunk in rec.entries.chunks(ADOPT_CHUNK) {
-            let mut t = store.tables.write();
+            let mut t = self.tables.write();
             let tables = &mut *t;
             for e in chunk {
                 let page = PageKey::new(key, e.page as u64);
@@ -473,15 +426,20 @@ impl Extension {
                 }
             }
         }
-        store.index_changed.store(true, Relaxed);
-        self.counters
+        self.index_changed.store(true, Relaxed);
+        ring.counters
             .ext_pages_restored
             .fetch_add(adopted as u64, Relaxed);
         hot
     }
+}
 
-    /// Charges `more` bytes of index memory on top of what the index and the waiting list take.
-    fn charge_more(&self, more: u64) -> bool {
-        self.charge(self.index_footprint() + more)
+/// Overwrites both checkpoint slots' headers of a ring of `regions`: the next process to take
+/// the file over starts cold (a shared extension's writers rewrite the ring, and a checkpoint a
+/// private one left would, at a later private take-over, name pages its regions no longer hold).
+pub(in crate::extension) fn void_checkpoints(file: &FaultyExtensionFile, regions: usize) {
+    let blank = crate::io::AlignedBuf::new(4096);
+    for slot in 0..2u64 {
+        let _ = file.write_at(checkpoint::slot_offset(regions, slot), &blank);
     }
 }

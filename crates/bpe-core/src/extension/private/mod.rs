@@ -3,28 +3,46 @@
 //! the writer and the checkpoint's pages waiting for adoption, so that each decision about a
 //! page sees all three at once.
 
-use super::restored::Restored;
-use super::store::{Entered, FirstPage, Hit, L2Store, Resident, Staging, Written};
-use super::{Extension, ExtensionIndex, IndexStore, Location, Vouched, REGION_BYTES};
+mod persist;
+mod restored;
+
+pub(super) use persist::void_checkpoints;
+
+use super::store::{Entered, FirstPage, Hit, L2Store, Resident, Ring, Staging, StoreView, Written};
+use super::{ExtensionIndex, IndexStore, Location, Vouched, REGION_BYTES};
 use crate::config::Sharing;
+use crate::counters::HistogramSnapshot;
 use crate::files::FileHandle;
 use crate::io::extension_file::ExtensionFile;
 use crate::io::{FileIdentity, FileStamp};
-use crate::page::{FileKey, PageKey};
+use crate::page::{FileKey, PageKey, SharedRead};
 use crate::pool::Frame;
-use crate::sync::{Rank, RwLock};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use crate::sync::{Mutex, Rank, RwLock};
+use restored::Restored;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 pub(crate) struct PrivateStore {
-    pub(super) tables: RwLock<Tables>,
+    regions: usize,
+    tables: RwLock<Tables>,
     /// Files whose restored pages wait for adoption (`Tables::restored`), readable without a
     /// lock: the miss path looks at it (see `Extension::await_restore`).
-    pub(super) waiting_files: AtomicUsize,
+    waiting_files: AtomicUsize,
     /// Set when the index changed since the last checkpoint.
-    pub(super) index_changed: AtomicBool,
+    index_changed: AtomicBool,
+    /// The generation the next checkpoint gets (held while one is written).
+    checkpoint_generation: Mutex<u64>,
+    /// The vouched files' fingerprint at the last checkpoint.
+    checkpointed_files: AtomicU64,
+    /// The ring position (`next_region`) of the checkpoint in force in the file, `NO_CHECKPOINT`
+    /// if none: the writer enters at most `checkpoint::unlisted_regions` regions from there
+    /// before it writes another (see `Writer::enter_region`).
+    checkpoint_next: AtomicUsize,
+    /// The region the writer overwrites next: the one after the last it entered (see
+    /// `Extension::nears_the_tail`).
+    ring_tail: AtomicUsize,
 }
 
-pub(super) struct Tables {
+struct Tables {
     pub index: ExtensionIndex,
     pub staged: Staging,
     /// The last checkpoint's pages not adopted yet.
@@ -34,6 +52,7 @@ pub(super) struct Tables {
 impl PrivateStore {
     pub fn new(regions: usize) -> PrivateStore {
         PrivateStore {
+            regions,
             tables: RwLock::new(
                 Rank::ExtensionTables,
                 Tables {
@@ -44,6 +63,10 @@ impl PrivateStore {
             ),
             waiting_files: AtomicUsize::new(0),
             index_changed: AtomicBool::new(false),
+            checkpoint_generation: Mutex::new(Rank::Checkpoint, 0),
+            checkpointed_files: AtomicU64::new(0),
+            checkpoint_next: AtomicUsize::new(persist::NO_CHECKPOINT),
+            ring_tail: AtomicUsize::new(0),
         }
     }
 }
@@ -60,16 +83,31 @@ impl L2Store for PrivateStore {
         Sharing::Private
     }
 
-    fn stats(&self) -> (usize, u64) {
+    /// Nobody shares it: no participants, no shared lock, no shared memory.
+    fn view(&self) -> StoreView {
         let t = self.tables.read();
-        (t.index.len(), t.index.live_bytes())
+        StoreView {
+            pages: t.index.len(),
+            bytes: t.index.live_bytes(),
+            ..StoreView::default()
+        }
+    }
+
+    /// 0: the file's lock is exclusive (`ExtensionFile::open`).
+    fn others_attached(&self) -> usize {
+        0
+    }
+
+    /// None: its lock is this process's alone.
+    fn lock_wait(&self) -> Option<HistogramSnapshot> {
+        None
     }
 
     fn locate(&self, key: PageKey) -> Option<Hit> {
         self.tables.read().index.lookup(key).map(hit)
     }
 
-    /// Under one hold of the lock (the default takes it once per page).
+    /// Under one hold of the lock.
     fn locate_run(&self, after: PageKey, keys: &[PageKey], page_len: usize) -> Vec<Hit> {
         let t = self.tables.read();
         let Some(first) = t.index.lookup(after) else {
@@ -95,6 +133,12 @@ impl L2Store for PrivateStore {
             t.index.remove(key);
         }
         current
+    }
+
+    /// None: only this process writes the data files it caches, and it drops a page's copy
+    /// before each write (`invalidate`).
+    fn read_under(&self, _file: &FileHandle, _key: PageKey) -> Option<SharedRead> {
+        None
     }
 
     fn stage(&self, frame: &Frame, seq: u64, keep: &dyn Fn(Location) -> bool) -> bool {
@@ -128,6 +172,10 @@ impl L2Store for PrivateStore {
         }
     }
 
+    /// Nothing more: the copy went at `invalidate`, before the write, and no other process's
+    /// read can have staged the old bytes since.
+    fn written(&self, _file: &FileHandle, _key: PageKey) {}
+
     fn forget(&self, file: Option<FileKey>, first_page: u64) -> bool {
         let hit = |k: PageKey| file.is_none_or(|f| k.file == f) && k.page >= first_page;
         let mut t = self.tables.write();
@@ -154,16 +202,28 @@ impl L2Store for PrivateStore {
         t.index.bytes() + t.restored.bytes()
     }
 
+    fn ring_tail(&self) -> Option<usize> {
+        Some(self.ring_tail.load(Relaxed))
+    }
+
     fn enter_region(&self, next: usize) -> Option<Entered> {
-        let mut t = self.tables.write();
-        t.restored.overwrite(next);
-        self.waiting_files
-            .store(t.restored.files_waiting(), Relaxed);
-        let evicted = t.index.clear_region(next);
+        let evicted = {
+            let mut t = self.tables.write();
+            t.restored.overwrite(next);
+            self.waiting_files
+                .store(t.restored.files_waiting(), Relaxed);
+            t.index.clear_region(next)
+        };
+        self.ring_tail.store((next + 1) % self.regions, Relaxed);
         Some(Entered {
             region: next,
             evicted,
         })
+    }
+
+    /// Always: the ring is this process's alone.
+    fn holds_region(&self) -> bool {
+        true
     }
 
     fn index_bytes_with(&self, region: usize, pages: usize) -> Option<u64> {
@@ -187,17 +247,23 @@ impl L2Store for PrivateStore {
         true
     }
 
-    fn persist(&self, ext: &Extension, vouched: Vouched, resident: Resident<'_>, if_changed: bool) {
-        if !if_changed
-            || self.index_changed.load(Relaxed)
-            || vouched.fingerprint() != ext.checkpointed_files.load(Relaxed)
-        {
-            ext.checkpoint_files(self, vouched, resident);
-        }
+    /// Nothing to give back: the next region is the ring's next one, whoever asks.
+    fn leave_region(&self) {}
+
+    fn persist_due_at(&self, region: usize) -> bool {
+        self.checkpoint_due_at(region)
     }
 
-    fn persist_due_at(&self, ext: &Extension, region: usize) -> bool {
-        ext.checkpoint_due_at(region)
+    /// Nothing: the writer waits for no other process.
+    fn stop_waiting(&self) {}
+
+    fn persist(&self, ring: &Ring<'_>, vouched: Vouched, resident: Resident<'_>, if_changed: bool) {
+        if !if_changed
+            || self.index_changed.load(Relaxed)
+            || vouched.fingerprint() != self.checkpointed_files.load(Relaxed)
+        {
+            self.checkpoint_files(ring, vouched, resident);
+        }
     }
 
     fn shut_down(&self, file: &ExtensionFile) {
@@ -210,23 +276,32 @@ impl L2Store for PrivateStore {
         file.unlock();
     }
 
-    fn keeps_checkpoints(&self) -> bool {
-        true
+    /// None: the file's own descriptor holds its lock.
+    fn lock_fd(&self) -> Option<i32> {
+        None
     }
 
-    fn restore(&self, ext: &Extension) -> usize {
-        ext.restore_into(self)
+    #[cfg(feature = "testing")]
+    fn stop_holding_the_lock(&self) -> bool {
+        false
+    }
+
+    /// Reads the file's newest checkpoint and lists its pages for adoption (see `persist.rs`).
+    fn restore(&self, ring: &Ring<'_>) -> usize {
+        let next = self.restore_checkpoint(ring);
+        self.ring_tail.store(next, Relaxed);
+        next
     }
 
     fn adopt(
         &self,
-        ext: &Extension,
+        ring: &Ring<'_>,
         key: FileKey,
         identity: FileIdentity,
         now: Option<FileStamp>,
         first_page: &mut dyn FirstPage,
     ) -> Vec<(PageKey, Location)> {
-        ext.adopt_into(self, key, identity, now, first_page)
+        self.adopt_file(ring, key, identity, now, first_page)
     }
 
     fn has_waiting_files(&self) -> bool {

@@ -2,7 +2,7 @@
 //! checkpoint said and this process has not adopted yet, per file, less what the writer has
 //! overwritten since.
 
-use super::checkpoint::{PageCheck, SavedEntry};
+use crate::extension::checkpoint::{PageCheck, SavedEntry};
 use crate::io::{FileIdentity, FileStamp};
 use std::collections::HashMap;
 
