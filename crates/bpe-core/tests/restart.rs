@@ -446,3 +446,87 @@ fn a_shared_use_of_the_path_voids_the_private_checkpoint_before_it() {
         bpe_core::ExtensionState::Enabled
     );
 }
+
+/// The caller's device of a snapshot: every page at one version, its reads counted.
+struct Remote {
+    version: u64,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl bpe_core::DataDevice for Remote {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.reads.fetch_add(1, Relaxed);
+        for (i, chunk) in buf.chunks_mut(PAGE).enumerate() {
+            let page = offset / PAGE as u64 + i as u64;
+            chunk.copy_from_slice(&page_bytes(page, self.version, PAGE));
+        }
+        Ok(buf.len())
+    }
+    fn write_at(&self, _: u64, _: &[u8]) -> std::io::Result<()> {
+        Err(std::io::Error::other("read-only"))
+    }
+}
+
+#[test]
+fn a_snapshot_s_pages_outlive_the_engine_and_a_later_snapshot_takes_them_after_a_restart() {
+    use bpe_core::lineage::PageSet;
+    use bpe_core::{FileIdentity, Via};
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let dir = tempdir();
+    let ext = dir.path().join("ext.bpe");
+    let name = Path::new("/nowhere/replica.db");
+    let (s1, s2) = (FileIdentity::snapshot(9, 1), FileIdentity::snapshot(9, 2));
+    let at = |version| Remote {
+        version,
+        reads: AtomicU64::new(0),
+    };
+    let read_via = |e: &Engine, f: &FileHandle, page: u64, device: &Remote| {
+        let mut buf = vec![0u8; PAGE];
+        e.read_page_via(f, page, &mut buf, Via(Some(device)))
+            .unwrap();
+        decode(&buf).expect("a whole page")
+    };
+    {
+        let engine = engine(MEMORY);
+        engine
+            .enable_extension_as(&ext, EXT, Sharing::Private)
+            .unwrap();
+        let (f, _) = engine.open_snapshot(name, s1, PAGE).unwrap();
+        let d1 = at(1);
+        for p in 0..PAGES {
+            assert_eq!(read_via(&engine, &f, p, &d1), (p, 1));
+        }
+        assert!(engine.wait_for_extension_writes(WAIT));
+        assert!(engine.wait_for_readahead(WAIT));
+        engine.close_file(&f);
+    }
+    let engine = engine(MEMORY);
+    engine
+        .enable_extension_as(&ext, EXT, Sharing::Private)
+        .unwrap();
+    assert!(engine.wait_for_extension_restore(WAIT));
+    assert!(
+        engine.holds_pages_of(s1),
+        "the checkpoint kept the snapshot"
+    );
+    assert!(!engine.holds_pages_of(s2));
+    // Transaction 2 changed page 7 only: the new snapshot takes every other page from the
+    // restored one, and reads page 7 from its device.
+    let (old, _) = engine.open_snapshot(name, s1, PAGE).unwrap();
+    let (new, _) = engine.open_snapshot(name, s2, PAGE).unwrap();
+    engine.inherit(&new, &old, PageSet::new(vec![7]));
+    let (d1, d2) = (at(1), at(2));
+    for p in 0..PAGES {
+        let want = if p == 7 { 2 } else { 1 };
+        let device = if p == 7 { &d2 } else { &d1 };
+        assert_eq!(read_via(&engine, &new, p, device), (p, want), "page {p}");
+    }
+    let restored = engine.counters().ext_pages_restored;
+    assert!(restored >= PAGES - 10, "{restored} pages restored");
+    let device_reads = d1.reads.load(Relaxed) + d2.reads.load(Relaxed);
+    assert!(
+        device_reads <= 1 + 10,
+        "{device_reads} pages read from the device after the restart"
+    );
+}
