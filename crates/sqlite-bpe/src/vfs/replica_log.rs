@@ -141,7 +141,7 @@ impl ReplicaLog {
     pub fn checksums_before(&self, since: u64, before: u64, limit: usize) -> Vec<(u64, u64)> {
         let mut files = self.list(0, since).unwrap_or_default();
         files.retain(|f| f.max < before);
-        files.sort_unstable_by(|a, b| b.max.cmp(&a.max));
+        files.sort_unstable_by_key(|f| std::cmp::Reverse(f.max));
         files
             .into_iter()
             .take(limit)

@@ -59,7 +59,10 @@ pub struct Opened {
     pub ancestor: Option<FileHandle>,
 }
 
-static SOURCES: Mutex<Option<HashMap<(String, String, String), Arc<Source>>>> = Mutex::new(None);
+/// A source's key: base VFS, path, replica URL.
+type SourceKey = (String, String, String);
+
+static SOURCES: Mutex<Option<HashMap<SourceKey, Arc<Source>>>> = Mutex::new(None);
 
 /// Their lock, taken (held across a fork: see `process::hold_process_locks`).
 pub fn hold_sources() -> Box<dyn std::any::Any> {
