@@ -27,4 +27,8 @@ if [[ ${1:-} == --inside ]]; then
   "$here/run.sh" -mode hitratio -replica "$(replica hitratio)" -s3-delay 20ms -quick
   exit 0
 fi
+if (($# == 0)); then
+  # The proxy's GET classes and the -replica checks, before any server.
+  (cd "$here" && SQLITE_BPE_LIBRARY=${BPE_LIB:-} go test -tags vfs -count=1 .)
+fi
 exec "$ROOT/tools/s3-server.sh" -- "$0" --inside "$@"
