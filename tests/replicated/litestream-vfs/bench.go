@@ -36,6 +36,7 @@ var (
 	hrSeconds      = flag.Duration("hr-seconds", 30*time.Second, "hitratio: length of each phase (no writes, then writes)")
 	hrWriteEvery   = flag.Duration("hr-write-every", time.Second, "hitratio: one write transaction this often in the write phase")
 	hrHot          = flag.Int("hr-hot", 1000, "hitratio: distinct rows the reader looks up, round robin")
+	hrShapes       = flag.String("hr-shapes", "one,each", "hitratio: one long-lived connection (one), a connection per lookup (each), or both")
 )
 
 // applyQuick sets the -quick presets on every flag not given on the command line.
@@ -352,92 +353,118 @@ func hitRatio(dir string, replica *replicaSpec) error {
 		return err
 	}
 	hot := lookupIDs(*hrHot, 11)
-	type phaseResult struct {
-		Phase                          string
-		Seconds                        float64
-		Lookups, Writes                int64
-		PageLookups, PagesFromBase     int64
-		ServedFromPool, BufferHitRatio float64
-		Gets                           gets
-	}
 	var results []phaseResult
 	err = withConn(ctx, sqlitebpe.DriverName, bpeDSN(dir), func(c *sql.Conn) error {
-		for _, id := range hot { // warm the pool with the hot set
-			if err := lookup(ctx, c, id); err != nil {
+		for _, shape := range strings.Split(*hrShapes, ",") {
+			if shape != "one" && shape != "each" {
+				return fmt.Errorf("-hr-shapes: unknown shape %q (one, each)", shape)
+			}
+			if err := hitRatioShape(ctx, dir, c, w, shape, hot, &results); err != nil {
 				return err
 			}
-		}
-		for _, writes := range []bool{false, true} {
-			c0, g0, t0 := bpeCounters(), readProxy.snapshot(), time.Now()
-			var nWrites int64
-			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			var werr error
-			if writes {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					rng := rand.New(rand.NewSource(3))
-					tick := time.NewTicker(*hrWriteEvery)
-					defer tick.Stop()
-					for {
-						select {
-						case <-stop:
-							return
-						case <-tick.C:
-						}
-						if _, err := w.Exec("UPDATE t SET v = v + 1 WHERE id = ?", 1+rng.Intn(*rows)); err != nil {
-							werr = err
-							return
-						}
-						nWrites++
-					}
-				}()
-			}
-			var n int64
-			deadline := t0.Add(*hrSeconds)
-			for i := 0; time.Now().Before(deadline); i++ {
-				if err := lookup(ctx, c, hot[i%len(hot)]); err != nil {
-					close(stop)
-					wg.Wait()
-					return err
-				}
-				n++
-			}
-			close(stop)
-			wg.Wait()
-			if werr != nil {
-				return werr
-			}
-			c1, g := bpeCounters(), readProxy.snapshot().sub(g0)
-			r := phaseResult{Phase: "no writes", Seconds: time.Since(t0).Seconds(), Lookups: n, Writes: nWrites, Gets: g}
-			if writes {
-				r.Phase = fmt.Sprintf("1 write / %v", *hrWriteEvery)
-			}
-			r.PageLookups = c1["Page lookups/sec"] - c0["Page lookups/sec"]
-			r.PagesFromBase = c1["Page reads/sec"] - c0["Page reads/sec"]
-			if r.PageLookups > 0 {
-				r.ServedFromPool = 1 - float64(r.PagesFromBase)/float64(r.PageLookups)
-			}
-			if base := c1["Buffer cache hit ratio base"] - c0["Buffer cache hit ratio base"]; base > 0 {
-				r.BufferHitRatio = float64(c1["Buffer cache hit ratio"]-c0["Buffer cache hit ratio"]) / float64(base)
-			}
-			results = append(results, r)
-			fmt.Printf("hitratio %-16s %5.1f s  lookups %6d  writes %3d  page lookups %7d  from Litestream %6d  served from the pool %.4f  buffer cache hit ratio %.4f  %s  [%s]\n",
-				r.Phase, r.Seconds, r.Lookups, r.Writes, r.PageLookups, r.PagesFromBase, r.ServedFromPool, r.BufferHitRatio, r.Gets, delayNote())
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	if len(results) == 2 && results[0].ServedFromPool > 0 {
-		fmt.Printf("hitratio: with writes, %.1f %% of the no-write share served from the pool (%d rows, hot set %d, %s)\n",
-			100*results[1].ServedFromPool/results[0].ServedFromPool, *rows, *hrHot, delayNote())
+	ok := len(results) > 0
+	for i := 0; i+1 < len(results); i += 2 {
+		a, b := results[i], results[i+1]
+		if a.ServedFromPool > 0 {
+			fmt.Printf("hitratio %s: with writes, %.1f %% of the no-write share served from the pool (%d rows, hot set %d, %s)\n",
+				a.Shape, 100*b.ServedFromPool/a.ServedFromPool, *rows, *hrHot, delayNote())
+		}
+		ok = ok && a.Lookups > 0 && b.Lookups > 0 && b.Writes > 0
 	}
-	if len(results) != 2 || results[0].Lookups == 0 || results[1].Lookups == 0 || results[1].Writes == 0 {
-		return fmt.Errorf("hitratio: a phase did no lookups or the write phase no writes: %+v", results)
+	if !ok {
+		return fmt.Errorf("hitratio: a phase did no lookups or a write phase no writes: %+v", results)
 	}
 	return writeJSON(map[string]any{"rows": *rows, "hot": *hrHot, "s3_delay": s3Delay.String(),
 		"replica": replica.readerURL(), "phases": results})
+}
+
+type phaseResult struct {
+	Shape, Phase                   string
+	Seconds                        float64
+	Lookups, Writes                int64
+	PageLookups, PagesFromBase     int64
+	ServedFromPool, BufferHitRatio float64
+	Gets                           gets
+}
+
+// hitRatioShape runs the two phases (no writes, writes) with one connection shape: `c` for
+// every lookup (one), or a new connection per lookup (each). The pool is warmed on `c` first.
+func hitRatioShape(ctx context.Context, dir string, c *sql.Conn, w *sql.DB, shape string, hot []int, results *[]phaseResult) error {
+	for _, id := range hot {
+		if err := lookup(ctx, c, id); err != nil {
+			return err
+		}
+	}
+	lookupOnce := func(id int) error {
+		if shape == "one" {
+			return lookup(ctx, c, id)
+		}
+		return withConn(ctx, sqlitebpe.DriverName, bpeDSN(dir), func(c *sql.Conn) error { return lookup(ctx, c, id) })
+	}
+	for _, writes := range []bool{false, true} {
+		c0, g0, t0 := bpeCounters(), readProxy.snapshot(), time.Now()
+		var nWrites int64
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var werr error
+		if writes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewSource(3))
+				tick := time.NewTicker(*hrWriteEvery)
+				defer tick.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-tick.C:
+					}
+					if _, err := w.Exec("UPDATE t SET v = v + 1 WHERE id = ?", 1+rng.Intn(*rows)); err != nil {
+						werr = err
+						return
+					}
+					nWrites++
+				}
+			}()
+		}
+		var n int64
+		deadline := t0.Add(*hrSeconds)
+		for i := 0; time.Now().Before(deadline); i++ {
+			if err := lookupOnce(hot[i%len(hot)]); err != nil {
+				close(stop)
+				wg.Wait()
+				return err
+			}
+			n++
+		}
+		close(stop)
+		wg.Wait()
+		if werr != nil {
+			return werr
+		}
+		c1, g := bpeCounters(), readProxy.snapshot().sub(g0)
+		r := phaseResult{Shape: shape, Phase: "no writes", Seconds: time.Since(t0).Seconds(), Lookups: n, Writes: nWrites, Gets: g}
+		if writes {
+			r.Phase = fmt.Sprintf("1 write / %v", *hrWriteEvery)
+		}
+		r.PageLookups = c1["Page lookups/sec"] - c0["Page lookups/sec"]
+		r.PagesFromBase = c1["Page reads/sec"] - c0["Page reads/sec"]
+		if r.PageLookups > 0 {
+			r.ServedFromPool = 1 - float64(r.PagesFromBase)/float64(r.PageLookups)
+		}
+		if base := c1["Buffer cache hit ratio base"] - c0["Buffer cache hit ratio base"]; base > 0 {
+			r.BufferHitRatio = float64(c1["Buffer cache hit ratio"]-c0["Buffer cache hit ratio"]) / float64(base)
+		}
+		*results = append(*results, r)
+		fmt.Printf("hitratio %-4s %-16s %5.1f s  lookups %6d  writes %3d  page lookups %7d  from Litestream %6d  served from the pool %.4f  buffer cache hit ratio %.4f  %s  [%s]\n",
+			r.Shape, r.Phase, r.Seconds, r.Lookups, r.Writes, r.PageLookups, r.PagesFromBase, r.ServedFromPool, r.BufferHitRatio, r.Gets, delayNote())
+	}
+	return nil
 }

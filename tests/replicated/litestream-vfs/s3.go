@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -162,6 +163,13 @@ func startProxy(target string, delay time.Duration) (*proxy, error) {
 	p := &proxy{delay: delay, url: "http://" + ln.Addr().String(), ln: ln}
 	rp := httputil.NewSingleHostReverseProxy(t)
 	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}
+	rp.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		// A client that gave up (a connection closed mid-read) is no error of the server's.
+		if !errors.Is(err, context.Canceled) {
+			fmt.Fprintf(os.Stderr, "proxy: %s %s: %v\n", r.Method, r.URL, err)
+		}
+		w.WriteHeader(http.StatusBadGateway)
+	}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet || r.Method == http.MethodHead {
 			p.count(r)
@@ -218,6 +226,10 @@ func setupS3Env(r *replicaSpec) {
 		}
 	}
 	os.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	// The server is plain http on 127.0.0.1; a CA bundle in the environment makes the SDK fail
+	// to load its configuration with Litestream's own HTTP client ("unable to add custom RootCAs
+	// HTTPClient"), in this process and in `litestream replicate`, which inherits it.
+	os.Unsetenv("AWS_CA_BUNDLE")
 	os.Setenv("AWS_REGION", "us-east-1")
 }
 
