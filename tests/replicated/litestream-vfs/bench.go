@@ -67,6 +67,12 @@ func exitProcess(code int) {
 // ensureReplica makes the replica once: a source database of -rows rows replicated by
 // `litestream replicate` until the VFS reads it, then replication stops (the replica stays).
 func ensureReplica(dir string, replica *replicaSpec, client litestream.ReplicaClient) error {
+	// The marker says which replica this work directory made (its source is here too): a
+	// listing right after the writer stopped has once come back empty from the S3 server.
+	marker := filepath.Join(dir, "replica-made")
+	if b, err := os.ReadFile(marker); err == nil && string(b) == replica.writerYAML() {
+		return nil
+	}
 	ok, err := replicaExists(context.Background(), client)
 	if err != nil || ok {
 		return err
@@ -85,8 +91,11 @@ func ensureReplica(dir string, replica *replicaSpec, client litestream.ReplicaCl
 	_, err = waitForReplica(plainDSN(dir), "sqlite3", 0, 300*time.Second)
 	ls.Process.Kill()
 	ls.Wait()
+	if err != nil {
+		return err
+	}
 	fmt.Printf("replicated %d rows in %.1f s\n", *rows, time.Since(start).Seconds())
-	return err
+	return os.WriteFile(marker, []byte(replica.writerYAML()), 0o644)
 }
 
 type passResult struct {

@@ -122,7 +122,9 @@ func run() error {
 			replica.readEndpoint = readProxy.url
 		}
 		setupS3Env(replica)
-		fmt.Printf("replica %s; readers: %s (%s)\n", *replicaURL, replica.readerURL(), delayNote())
+		if readProxy != nil {
+			fmt.Printf("replica %s; readers: %s (%s)\n", *replicaURL, replica.readerURL(), delayNote())
+		}
 	}
 	client, err := replica.readerClient()
 	if err != nil {
