@@ -86,10 +86,13 @@ s3_port=$(free_port)
 master_port=$(free_port)
 volume_port=$(free_port)
 filer_port=$(free_port)
-# Small volumes (the default preallocates nothing but grows to 30 GB); the log beside the data.
-"$WEED_BIN" server -ip=127.0.0.1 -ip.bind=127.0.0.1 -dir="$data" \
+# Nothing leaves the machine: no telemetry (on by default: it posts to telemetry.seaweedfs.com).
+# No Iceberg or Lance listeners (on by default, on fixed ports). Small volumes (the default
+# grows each to 30 GB). The log goes beside the data.
+"$WEED_BIN" server -ip=127.0.0.1 -ip.bind=127.0.0.1 -dir="$data" -master.telemetry=false \
   -master.port="$master_port" -volume.port="$volume_port" -filer.port="$filer_port" \
-  -s3 -s3.port="$s3_port" -master.volumeSizeLimitMB=512 -volume.max=20 \
+  -s3 -s3.port="$s3_port" -s3.port.iceberg=0 -s3.port.lance=0 \
+  -master.volumeSizeLimitMB=512 -volume.max=20 \
   >"$data/weed.log" 2>&1 &
 pid=$!
 
