@@ -19,10 +19,19 @@
 //	              connection's state never goes back. After the last write a fresh bpe
 //	              connection must see the final state within -fresh-within. Exits 1 on any
 //	              stale or torn read.
-//	-mode bench   A replicated database larger than the VFS's own 10 MB LRU and a query set of
-//	              random point lookups, run cold then warm with one connection per query (as a
-//	              web request does) and with one connection for all; -arm bpe or litestream.
-//	              Run each arm in a process of its own (bpe's pool is per process).
+//	-mode bench   One arm (-arm litestream, bpe, bpe-ext or bpe-ext-restart) in this process
+//	              over a replicated database larger than the VFS's own 10 MB LRU (bench.go).
+//	-mode bench-all  Every arm, each in a process of its own (bpe's pool is per process), the
+//	              restart arm after the extension arm on the same extension file, then one
+//	              table of all arms side by side.
+//	-mode hitratio   bpe's share of pages served from its pool while a writer commits once a
+//	              second through `litestream replicate`, against the same reads with no writes.
+//
+// The replica is a file:// directory, or with -replica s3://BUCKET/PATH?endpoint=http://127.0.0.1:PORT
+// an S3 bucket (tools/s3-server.sh starts a real server): the writer's `litestream replicate`
+// writes to the server, the readers read through a proxy that adds -s3-delay to each GET and
+// counts them (s3.go). LITESTREAM_REPLICA_URL is set to the proxy's URL for any reader in the
+// process that reads the replica itself.
 package main
 
 import (
@@ -42,14 +51,13 @@ import (
 	"time"
 
 	"github.com/benbjohnson/litestream"
-	"github.com/benbjohnson/litestream/file"
 	_ "github.com/mattn/go-sqlite3"
 	"github.com/psanford/sqlite3vfs"
 	"sqlitebpe"
 )
 
 var (
-	mode        = flag.String("mode", "oracle", "oracle or bench")
+	mode        = flag.String("mode", "oracle", "oracle, bench, bench-all or hitratio")
 	bin         = flag.String("litestream", "litestream", "the litestream binary (replicate)")
 	work        = flag.String("work", "", "work directory (a new temporary one if empty)")
 	rows        = flag.Int("rows", 4000, "rows in the table")
@@ -58,10 +66,18 @@ var (
 	writeEvery  = flag.Duration("write-every", 40*time.Millisecond, "oracle: pause between writes")
 	readers     = flag.Int("readers", 2, "oracle: reader goroutines per kind (bpe, control)")
 	freshWithin = flag.Duration("fresh-within", 20*time.Second, "oracle: bound for the final state to be seen")
-	arm         = flag.String("arm", "bpe", "bench: bpe or litestream")
+	arm         = flag.String("arm", "bpe", "bench: litestream, bpe, bpe-ext or bpe-ext-restart")
 	queries     = flag.Int("queries", 2000, "bench: point lookups per pass")
 	replicaDir  = flag.String("replica-dir", "", "replica directory (default: under -work); an existing replica is reused")
+	replicaURL  = flag.String("replica", "", "s3://BUCKET/PATH?endpoint=http://127.0.0.1:PORT: the replica on an S3 server (default: a file:// replica)")
+	s3Delay     = flag.Duration("s3-delay", 0, "S3: latency the readers' proxy adds to each GET")
 	jsonOut     = flag.String("json", "", "write the results here")
+)
+
+// replicaSpecIsS3 and the proxy are set once in run.
+var (
+	replicaSpecIsS3 bool
+	readProxy       *proxy
 )
 
 const (
@@ -74,10 +90,12 @@ const (
 
 func main() {
 	flag.Parse()
+	applyQuick()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "litestream-vfs:", err)
-		os.Exit(1)
+		exitProcess(1)
 	}
+	exitProcess(0)
 }
 
 func run() error {
@@ -90,11 +108,28 @@ func run() error {
 		defer os.RemoveAll(d)
 		dir = d
 	}
-	replica := *replicaDir
-	if replica == "" {
-		replica = filepath.Join(dir, "replica")
+	replica, err := parseReplica(*replicaURL, dir)
+	if err != nil {
+		return err
 	}
-	client := file.NewReplicaClient(replica)
+	replicaSpecIsS3 = replica.isS3()
+	if replica.isS3() {
+		if *mode != "bench-all" {
+			// bench-all's children read; the parent only writes the replica.
+			if readProxy, err = startProxy(replica.endpoint, *s3Delay); err != nil {
+				return err
+			}
+			replica.readEndpoint = readProxy.url
+		}
+		setupS3Env(replica)
+		if readProxy != nil {
+			fmt.Printf("replica %s; readers: %s (%s)\n", *replicaURL, replica.readerURL(), delayNote())
+		}
+	}
+	client, err := replica.readerClient()
+	if err != nil {
+		return err
+	}
 	if err := client.Init(context.Background()); err != nil {
 		return err
 	}
@@ -107,7 +142,11 @@ func run() error {
 	case "oracle":
 		return oracle(dir, replica)
 	case "bench":
-		return bench(dir, replica)
+		return bench(dir, replica, client)
+	case "bench-all":
+		return benchAll(dir, replica, client)
+	case "hitratio":
+		return hitRatio(dir, replica)
 	}
 	return fmt.Errorf("unknown -mode %q", *mode)
 }
@@ -151,13 +190,13 @@ func createSource(path string, n int) (*sql.DB, error) {
 }
 
 // replicate starts `litestream replicate` of `src` into `replica`.
-func replicate(dir, src, replica string) (*exec.Cmd, error) {
+func replicate(dir, src string, replica *replicaSpec) (*exec.Cmd, error) {
 	cfg := filepath.Join(dir, "litestream.yml")
 	// Compaction into level 1 is put off past the run: with it (every 30 s by default), the
 	// plain VFS's long-lived connections served mixed states in a 300-round run (Litestream's
 	// own fault: the control readers caught it, see docs/SQLITE.md).
 	yml := fmt.Sprintf("levels:\n  - interval: 24h\n  - interval: 48h\n  - interval: 96h\n"+
-		"dbs:\n  - path: %s\n    replicas:\n      - url: file://%s\n        sync-interval: 50ms\n", src, replica)
+		"dbs:\n  - path: %s\n    replicas:\n%s        sync-interval: 50ms\n", src, replica.writerYAML())
 	if err := os.WriteFile(cfg, []byte(yml), 0o644); err != nil {
 		return nil, err
 	}
@@ -241,7 +280,7 @@ func (t *tally) bad(msg string) {
 	t.firstBad.CompareAndSwap(nil, msg)
 }
 
-func oracle(dir, replica string) error {
+func oracle(dir string, replica *replicaSpec) error {
 	src := filepath.Join(dir, "src.db")
 	w, err := createSource(src, *rows)
 	if err != nil {
@@ -333,6 +372,7 @@ func oracle(dir, replica string) error {
 	out := map[string]any{
 		"rounds": *rounds, "rows": *rows, "updates": *updates,
 		"final_state_seen_after_s": fresh.Seconds(), "counters": counters,
+		"replica": replica.readerURL(), "s3_delay": s3Delay.String(), "gets": readProxy.snapshot(),
 	}
 	failed := freshErr != nil
 	for kind, t := range results {
@@ -341,8 +381,8 @@ func oracle(dir, replica string) error {
 			"reads": t.reads.Load(), "stale_or_torn": t.stale.Load(),
 			"went_back": t.backwards.Load(), "errors": t.errors.Load(), "first_bad": bad,
 		}
-		fmt.Printf("%-8s reads %6d  stale/torn %d  went back %d  errors %d %s\n", kind,
-			t.reads.Load(), t.stale.Load(), t.backwards.Load(), t.errors.Load(), bad)
+		fmt.Printf("%-8s reads %6d  stale/torn %d  went back %d  errors %d  [%s] %s\n", kind,
+			t.reads.Load(), t.stale.Load(), t.backwards.Load(), t.errors.Load(), delayNote(), bad)
 		if kind == "bpe" && (t.stale.Load() > 0 || t.backwards.Load() > 0 || t.reads.Load() == 0) {
 			failed = true
 		}
@@ -353,6 +393,9 @@ func oracle(dir, replica string) error {
 	}
 	fmt.Printf("final state seen by a fresh bpe connection after %.2f s (%v)\n", fresh.Seconds(), freshErr)
 	fmt.Printf("bpe counters: %v\n", counters)
+	if replica.isS3() {
+		fmt.Printf("readers' %s [%s]\n", readProxy.snapshot(), delayNote())
+	}
 	if err := writeJSON(out); err != nil {
 		return err
 	}
@@ -429,7 +472,8 @@ func bpeCounters() map[string]int64 {
 	defer db.Close()
 	out := map[string]int64{}
 	q := "SELECT counter_name, cntr_value FROM bpe_performance_counters WHERE counter_name IN " +
-		"('Buffer cache hit ratio', 'Buffer cache hit ratio base', 'Page reads/sec', 'Extension page reads/sec')"
+		"('Buffer cache hit ratio', 'Buffer cache hit ratio base', 'Page lookups/sec', 'Page reads/sec', " +
+		"'Extension page reads/sec', 'Extension page writes/sec')"
 	rs, err := db.Query(q)
 	if err != nil {
 		return nil
@@ -454,87 +498,4 @@ func writeJSON(v any) error {
 		return err
 	}
 	return os.WriteFile(*jsonOut, b, 0o644)
-}
-
-// bench: a replica made once (reused when -replica-dir already holds one), then the query set.
-func bench(dir, replica string) error {
-	if _, err := os.Stat(filepath.Join(replica, "ltx")); err != nil {
-		src := filepath.Join(dir, "src.db")
-		w, err := createSource(src, *rows)
-		if err != nil {
-			return err
-		}
-		w.Close()
-		ls, err := replicate(dir, src, replica)
-		if err != nil {
-			return err
-		}
-		_, err = waitForReplica(plainDSN(dir), "sqlite3", 0, 120*time.Second)
-		ls.Process.Kill()
-		ls.Wait()
-		if err != nil {
-			return err
-		}
-	}
-	driver, dsn := sqlitebpe.DriverName, bpeDSN(dir)
-	if *arm == "litestream" {
-		driver, dsn = "sqlite3", plainDSN(dir)
-	}
-	rng := rand.New(rand.NewSource(7))
-	ids := make([]int, *queries)
-	for i := range ids {
-		ids[i] = 1 + rng.Intn(*rows)
-	}
-	lookup := func(db *sql.DB, id int) error {
-		var v int64
-		var pad []byte
-		return db.QueryRow("SELECT v, pad FROM t WHERE id = ?", id).Scan(&v, &pad)
-	}
-	type result struct {
-		Arm, Connections, Pass string
-		Seconds, PerSecond     float64
-	}
-	var results []result
-	for _, shape := range []string{"per-query", "one"} {
-		for _, pass := range []string{"cold", "warm"} {
-			if shape == "one" && pass == "cold" {
-				// The per-query passes warmed whatever this arm keeps across connections.
-				pass = "after per-query"
-			}
-			start := time.Now()
-			var shared *sql.DB
-			if shape == "one" {
-				db, err := sql.Open(driver, dsn)
-				if err != nil {
-					return err
-				}
-				db.SetMaxOpenConns(1)
-				shared = db
-			}
-			for _, id := range ids {
-				db := shared
-				if db == nil {
-					d, err := sql.Open(driver, dsn)
-					if err != nil {
-						return err
-					}
-					db = d
-				}
-				if err := lookup(db, id); err != nil {
-					return fmt.Errorf("lookup %d: %w", id, err)
-				}
-				if shared == nil {
-					db.Close()
-				}
-			}
-			if shared != nil {
-				shared.Close()
-			}
-			secs := time.Since(start).Seconds()
-			r := result{*arm, shape, pass, secs, float64(len(ids)) / secs}
-			results = append(results, r)
-			fmt.Printf("%-10s %-9s %-16s %8.3f s %9.0f lookups/s\n", r.Arm, r.Connections, r.Pass, r.Seconds, r.PerSecond)
-		}
-	}
-	return writeJSON(map[string]any{"arm": *arm, "rows": *rows, "queries": *queries, "results": results, "counters": bpeCounters()})
 }

@@ -7,6 +7,8 @@
 #
 #   tests/replicated/litestream-vfs/run.sh [main.go's flags, e.g. -rounds 300]
 #   tests/replicated/litestream-vfs/run.sh -mode bench -arm bpe -rows 60000 -work DIR
+#   tests/replicated/litestream-vfs/run.sh -mode bench-all -rows 60000 -queries 1000 -work DIR
+# On object storage (a real S3 server on 127.0.0.1, -replica s3://…, -s3-delay): s3.sh.
 set -euo pipefail
 cd "$(dirname "$0")"
 LITESTREAM_VERSION=0.5.17
