@@ -110,7 +110,7 @@ pub struct CachedFile {
     /// lives as long as this entry, across closes and reopens.
     client: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
     /// Earlier snapshots whose cached pages this snapshot may take (see `lineage.rs`).
-    lineage: Mutex<Lineage>,
+    lineage: Mutex<Lineage<CachedFile>>,
     /// How often another program rewrites the file (see [`RewriteWatch`]).
     pub(crate) rewrites: RewriteWatch,
     /// Sequential runs of data-file misses.
@@ -202,10 +202,10 @@ impl CachedFile {
         self.key_change.write()
     }
     /// Earlier snapshots whose cached pages this one may take (empty for a file).
-    pub(crate) fn lineage(&self) -> Lineage {
+    pub(crate) fn lineage(&self) -> Lineage<CachedFile> {
         self.lineage.lock().clone()
     }
-    pub(crate) fn set_lineage(&self, lineage: Lineage) {
+    pub(crate) fn set_lineage(&self, lineage: Lineage<CachedFile>) {
         *self.lineage.lock() = lineage;
     }
     /// The cell holding the current key, for frames to compare their own key against.

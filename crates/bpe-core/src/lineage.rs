@@ -14,7 +14,6 @@
 //! a wrong page, so a caller may list more than changed (a compacted log's file spans more
 //! transactions), never less.
 
-use crate::files::CachedFile;
 use std::sync::{Arc, Weak};
 
 /// Earlier snapshots a snapshot keeps in its lineage, at most: each miss looks at them in turn.
@@ -52,23 +51,43 @@ impl PageSet {
     }
 }
 
-/// An earlier snapshot and the pages changed since it. Weak: a snapshot the registry forgot is
-/// gone from the lineage too (its key could otherwise be renumbered under another file).
-#[derive(Clone)]
-pub(crate) struct Ancestor {
-    pub file: Weak<CachedFile>,
+/// An earlier snapshot (`F`: the engine's file) and the pages changed since it. Weak: a
+/// snapshot the registry forgot is gone from the lineage too (its key could otherwise be
+/// renumbered under another file).
+pub(crate) struct Ancestor<F> {
+    pub file: Weak<F>,
     pub changed: Arc<PageSet>,
 }
 
-/// A snapshot's ancestors, newest first (see the module doc).
-#[derive(Clone, Default)]
-pub(crate) struct Lineage(Vec<Ancestor>);
+impl<F> Clone for Ancestor<F> {
+    fn clone(&self) -> Self {
+        Ancestor {
+            file: self.file.clone(),
+            changed: self.changed.clone(),
+        }
+    }
+}
 
-impl Lineage {
+/// A snapshot's ancestors, newest first (see the module doc).
+pub(crate) struct Lineage<F>(Vec<Ancestor<F>>);
+
+impl<F> Clone for Lineage<F> {
+    fn clone(&self) -> Self {
+        Lineage(self.0.clone())
+    }
+}
+
+impl<F> Default for Lineage<F> {
+    fn default() -> Self {
+        Lineage(Vec::new())
+    }
+}
+
+impl<F> Lineage<F> {
     /// The lineage of a snapshot whose parent is `parent` (lineage `parents`), with `changed`
     /// the pages changed from the parent to it: the parent, then the parent's ancestors with
     /// `changed` added to what changed since each.
-    pub fn after(parent: &Arc<CachedFile>, parents: &Lineage, changed: PageSet) -> Lineage {
+    pub fn after(parent: &Arc<F>, parents: &Lineage<F>, changed: PageSet) -> Lineage<F> {
         let changed = Arc::new(changed);
         let mut ancestors = vec![Ancestor {
             file: Arc::downgrade(parent),
@@ -89,7 +108,7 @@ impl Lineage {
 
     /// The ancestors whose copy of `page` is the snapshot's own, newest first: up to the first
     /// that lists the page as changed (every older one lists it too).
-    pub fn holders(&self, page: u64) -> impl Iterator<Item = Arc<CachedFile>> + '_ {
+    pub fn holders(&self, page: u64) -> impl Iterator<Item = Arc<F>> + '_ {
         self.0
             .iter()
             .take_while(move |a| !a.changed.contains(page))

@@ -30,9 +30,23 @@ pub const VFS_NAME: &str = "bpe";
 /// SQLite's code for "loaded, never unload me" (the VFS must outlive every connection).
 const SQLITE_OK_LOAD_PERMANENTLY: c_int = 256;
 
+/// The process-wide locks (std mutexes, not the engine's) that a forked child's connections
+/// may take: the files closed with their commit log kept, the commit logs mapped, the base
+/// VFS sources, the core's kept readahead buffers. A fork holds each across `fork`
+/// (`process.rs`'s `before_fork`), in this order, so that none is held by another thread at
+/// that moment: the child would wait for it forever (as for SQLite's own mutexes). Each is
+/// held briefly and none is taken under another, nor under the engine slot or a base call.
+pub const PROCESS_LOCKS: [(&str, process::HoldLock); 4] = [
+    ("closed files", vfs::hold_closed_list),
+    ("commit logs", vfs::hold_open_list),
+    ("base sources", vfs::hold_sources),
+    ("readahead buffers", bpe_core::hold_large_spares),
+];
+
 /// The process-wide engine, created on first use from the configuration read at load (and
 /// anew in a forked child: see `process.rs`).
 pub fn engine() -> Arc<Engine> {
+    process::set_process_locks(&PROCESS_LOCKS);
     process::engine()
 }
 
@@ -51,6 +65,7 @@ fn install_process_wide() -> Result<(), String> {
     let make_default = env_config::default_vfs_from_env()?;
     INSTALLED
         .get_or_init(|| {
+            process::set_process_locks(&PROCESS_LOCKS);
             process::configure(EnvConfig::from_env()?);
             // Created now, so that an extension configured in the environment starts at load.
             engine();
@@ -159,7 +174,7 @@ mod linked {
     }
 }
 #[doc(hidden)]
-pub use process::{fork_waits_for, hold_process_lock, PROCESS_LOCKS};
+pub use process::{fork_waits_for, hold_process_lock};
 pub use vfs::last_open_error;
 
 /// Panics caught where SQLite calls into bpe (a VFS method, an SQL function, a virtual table)

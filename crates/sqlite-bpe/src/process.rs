@@ -236,22 +236,23 @@ impl Drop for BaseCall {
     }
 }
 
-/// The process-wide locks (std mutexes, not the engine's) that a forked child's connections
-/// may take: the files closed with their commit log kept, the commit logs mapped, the base
-/// VFS sources' numbers, the core's kept readahead buffers. A fork holds each across `fork`
-/// (`before_fork`), in this order, so that none is held by another thread at that moment: the
-/// child would wait for it forever (as for SQLite's own mutexes). Each is held briefly and
-/// none is taken under another, nor under the engine slot or a base call.
-pub const PROCESS_LOCKS: [(&str, HoldLock); 4] = [
-    ("closed files", crate::vfs::hold_closed_list),
-    ("commit logs", crate::vfs::hold_open_list),
-    ("base sources", crate::vfs::hold_sources),
-    ("readahead buffers", bpe_core::hold_large_spares),
-];
-/// Takes one of the [`PROCESS_LOCKS`]; the lock is held until the box is dropped.
+/// The process-wide locks a fork holds across `fork`, in order (`PROCESS_LOCKS` in lib.rs: the
+/// crate root names them, so that this module needs none of their owners). Unset: none.
+static PROCESS_LOCKS: OnceLock<&'static [(&'static str, HoldLock)]> = OnceLock::new();
+
+/// Names the process-wide locks a fork holds (once; later calls change nothing).
+pub fn set_process_locks(locks: &'static [(&'static str, HoldLock)]) {
+    let _ = PROCESS_LOCKS.set(locks);
+}
+
+fn process_locks() -> &'static [(&'static str, HoldLock)] {
+    PROCESS_LOCKS.get().copied().unwrap_or(&[])
+}
+
+/// Takes one of the process locks; the lock is held until the box is dropped.
 pub type HoldLock = fn() -> Box<dyn Any>;
 
-/// 1 + the index in [`PROCESS_LOCKS`] of the lock a fork is waiting for, 0 if none.
+/// 1 + the index in the process locks of the lock a fork is waiting for, 0 if none.
 static FORK_WAITS_FOR: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
@@ -261,7 +262,7 @@ thread_local! {
 }
 
 fn hold_process_locks() {
-    for (i, (_, hold)) in PROCESS_LOCKS.iter().enumerate() {
+    for (i, (_, hold)) in process_locks().iter().enumerate() {
         FORK_WAITS_FOR.store(i + 1, Ordering::Release);
         let held = hold();
         HELD_ACROSS_FORK.with(|h| h.borrow_mut().push(held));
@@ -274,7 +275,7 @@ fn release_process_locks() {
     drop(held);
 }
 
-/// Whether a fork is waiting for the lock `name` (one of [`PROCESS_LOCKS`], or "base calls":
+/// Whether a fork is waiting for the lock `name` (one of the process locks, or "base calls":
 /// calls into the base VFS's locking). Tests: a thread holding one lets it go when a fork waits
 /// for it.
 #[doc(hidden)]
@@ -283,13 +284,13 @@ pub fn fork_waits_for(name: &str) -> bool {
         return BASE_CALLS.load(Ordering::Relaxed) & FORKING != 0;
     }
     let i = FORK_WAITS_FOR.load(Ordering::Acquire);
-    i > 0 && PROCESS_LOCKS[i - 1].0 == name
+    i > 0 && process_locks()[i - 1].0 == name
 }
 
 /// Takes the process lock `name` (tests: a thread holding one while another forks).
 #[doc(hidden)]
 pub fn hold_process_lock(name: &str) -> Box<dyn Any> {
-    let (_, hold) = PROCESS_LOCKS
+    let (_, hold) = process_locks()
         .iter()
         .find(|(n, _)| *n == name)
         .unwrap_or_else(|| panic!("no process lock named {name:?}"));
