@@ -333,12 +333,12 @@ impl S3 {
         if bucket.is_empty() {
             return Err(format!("replica URL s3://{rest}: no bucket"));
         }
+        // Values are percent-encoded as in any URL (`endpoint=http%3A%2F%2Fhost%3A9000`, as
+        // Litestream writes them too): decoded before use.
         let param = |name: &str| {
-            query
-                .split('&')
-                .filter_map(|kv| kv.split_once('='))
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| v.to_string())
+            url::form_urlencoded::parse(query.as_bytes())
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.into_owned())
         };
         let env = |names: &[&str]| names.iter().find_map(|n| std::env::var(n).ok());
         let region = param("region")
@@ -546,6 +546,22 @@ mod tests {
         let (_d, log) = log_dir(&[(0, 1, 1, &[1]), (0, 3, 3, &[3])]);
         assert!(log.changes(1, 3).is_none());
         assert!(log.changes(3, 3).is_none());
+    }
+
+    #[test]
+    fn an_s3_endpoint_is_read_percent_encoded_as_well_as_plain() {
+        for rest in [
+            "bucket/app/db?endpoint=http%3A%2F%2F127.0.0.1%3A9000&force-path-style=true",
+            "bucket/app/db?endpoint=http://127.0.0.1:9000&region=us-east-1",
+        ] {
+            let s3 = S3::open(rest).unwrap();
+            assert_eq!(
+                s3.bucket.base_url().as_str(),
+                "http://127.0.0.1:9000/bucket/",
+                "{rest}"
+            );
+            assert_eq!(s3.root, "app/db/ltx/");
+        }
     }
 
     #[test]
