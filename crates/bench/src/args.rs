@@ -30,7 +30,8 @@ pub enum Experiment {
     /// The cost of a read transaction: autocommit point lookups against lookups in one
     /// transaction, rollback journal and WAL, bpe and stock SQLite, alone and beside a plain
     /// SQLite writer process; and both with SQLite's default page cache (`*_defaults`), and a
-    /// connection per lookup (`*_per_connection`, on 4 threads in `*_per_connection_threads`).
+    /// connection per lookup (`*_per_connection`, on 4 threads in `*_per_connection_threads`;
+    /// bpe's SQL functions only on connections that ask in `*_per_connection_sql_on_demand`).
     Autocommit(AutocommitArgs),
     /// Four worker processes running the lookup workload on one database: one shared extension
     /// (the default) against an extension each (BPE_EXTENSION_SHARED=0), and stock SQLite on a real device.

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The configurations, in the order they run and print.
-pub const CONFIGS: [&str; 24] = [
+pub const CONFIGS: [&str; 26] = [
     "rollback_txn",
     "rollback_autocommit",
     "wal_txn",
@@ -50,6 +50,8 @@ pub const CONFIGS: [&str; 24] = [
     "stock_rollback_per_connection",
     "wal_per_connection",
     "stock_wal_per_connection",
+    "rollback_per_connection_sql_on_demand",
+    "wal_per_connection_sql_on_demand",
     "rollback_per_connection_threads",
     "stock_rollback_per_connection_threads",
     "wal_per_connection_threads",
@@ -88,6 +90,9 @@ struct Shape {
     per_connection: bool,
     /// Threads looking up (1, or [`REQUEST_THREADS`] for a connection per lookup on each).
     threads: usize,
+    /// bpe with `BPE_SQL_SURFACE=on-demand`: a connection opened for a lookup gets no SQL
+    /// functions or virtual tables (the warm connection asks for them).
+    sql_on_demand: bool,
 }
 
 fn shape(name: &str) -> Shape {
@@ -107,6 +112,7 @@ fn shape(name: &str) -> Shape {
         } else {
             1
         },
+        sql_on_demand: name.ends_with("_sql_on_demand"),
     }
 }
 
@@ -117,9 +123,13 @@ fn describe(s: &Shape, memory_mb: u64, interval_ms: u64) -> String {
              the OS page cache under it)"
         )
     } else if s.defaults {
+        let surface = match s.sql_on_demand {
+            true => ", SQL functions on demand",
+            false => "",
+        };
         format!(
             "bpe ({memory_mb} MB max server memory, SQLite's default {SQLITE_DEFAULT_CACHE_KIB} \
-             KiB page cache)"
+             KiB page cache{surface})"
         )
     } else if s.stock {
         format!("stock SQLite (unix VFS, {memory_mb} MB page cache)")
@@ -269,10 +279,21 @@ pub fn run(a: &AutocommitArgs) -> anyhow::Result<BenchReport> {
             work_dir: storage.ext_dir.clone(),
         };
         // Stock SQLite reads through the OS page cache: the emulation is bpe's, for its data
-        // file reads, and is not set for the stock configurations.
-        report
-            .configs
-            .extend(runner.run(setup, reads, memory_mb, !s.stock)?);
+        // file reads, and is not set for the stock configurations. bpe's SQL surface is set
+        // either way, so that none is inherited from the environment.
+        let surface = match s.sql_on_demand {
+            true => "on-demand",
+            false => "every-connection",
+        };
+        eprintln!("== {}: {}", setup.name, setup.description);
+        let running = runner.spawn(
+            setup,
+            reads,
+            memory_mb,
+            !s.stock,
+            &[("BPE_SQL_SURFACE", surface)],
+        )?;
+        report.configs.extend(running.finish()?);
     }
     report.summary = summarize(&report);
     print_results(&report);
@@ -358,6 +379,12 @@ pub fn child(config: serde_json::Value, sample_ms: u64) -> anyhow::Result<Vec<Co
         "threads": cfg.threads,
         "pager_cache_kib": -cache_size,
     });
+    if cfg.per_connection {
+        // Whether a request's connection has bpe's SQL functions (not with
+        // `BPE_SQL_SURFACE=on-demand`, nor on stock SQLite): what the `_sql_on_demand` arms vary.
+        let c = db::open_for_request(&setup.db, setup.sqlite)?;
+        details["request_sql_surface"] = json!(c.prepare("SELECT bpe_exec('')").is_ok());
+    }
     let writer = match &cfg.writer {
         Some(w) => Some(Writer::start(w, &cfg.work_dir)?),
         None => None,
@@ -638,10 +665,14 @@ fn summarize(r: &BenchReport) -> serde_json::Value {
         }
     }
     for j in ["rollback", "wal"] {
-        for m in ["txn", "autocommit", "defaults"] {
+        for m in ["txn", "autocommit", "defaults", "per_connection"] {
             let b = format!("{j}_{m}");
             faster(format!("{b}_bpe_over_stock"), &b, &format!("stock_{b}"));
         }
+        // bpe with its SQL functions on demand, against the same stock arm.
+        let b = format!("{j}_per_connection_sql_on_demand");
+        let k = format!("stock_{j}_per_connection");
+        faster(format!("{b}_bpe_over_stock"), &b, &k);
     }
     // What a read costs beside a writer, bpe over stock: mean, median, 99th percentile.
     for j in ["rollback", "wal"] {
@@ -720,7 +751,13 @@ fn print_results(r: &BenchReport) {
         }
     }
     for j in ["rollback", "wal"] {
-        for m in ["txn", "autocommit", "defaults"] {
+        for m in [
+            "txn",
+            "autocommit",
+            "defaults",
+            "per_connection",
+            "per_connection_sql_on_demand",
+        ] {
             let label = format!("{j} {m}: bpe / stock (lookups/s)");
             lines.push((label, format!("{j}_{m}_bpe_over_stock")));
         }

@@ -99,10 +99,13 @@ pub fn open_with(path: &Path, sqlite: Sqlite, journal: Journal) -> anyhow::Resul
     let (conn, cache_kib) = match sqlite {
         Sqlite::Bpe => {
             register()?;
-            (
-                Connection::open_with_flags_and_vfs(path, flags, VFS)?,
-                bpe_pager_cache_kib()?,
-            )
+            let conn = Connection::open_with_flags_and_vfs(path, flags, VFS)?;
+            // The run's own connection asks for bpe's SQL functions (`bpe_exec`...), which a
+            // process with `BPE_SQL_SURFACE=on-demand` gives no connection unasked.
+            // SAFETY: the connection was just opened on the linked SQLite, by this thread.
+            unsafe { sqlite_bpe::register_sql(conn.handle()) }
+                .map_err(|e| anyhow::anyhow!("cannot install bpe's SQL functions: {e}"))?;
+            (conn, bpe_pager_cache_kib()?)
         }
         Sqlite::Stock { cache_kib } => {
             (Connection::open_with_flags(path, flags)?, cache_kib as i64)

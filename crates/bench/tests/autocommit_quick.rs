@@ -46,6 +46,8 @@ fn autocommit_runs_every_configuration_and_the_writer_is_noticed() {
             "stock_rollback_per_connection",
             "wal_per_connection",
             "stock_wal_per_connection",
+            "rollback_per_connection_sql_on_demand",
+            "wal_per_connection_sql_on_demand",
             "rollback_per_connection_threads",
             "stock_rollback_per_connection_threads",
             "wal_per_connection_threads",
@@ -84,6 +86,12 @@ fn autocommit_runs_every_configuration_and_the_writer_is_noticed() {
             "one"
         };
         assert_eq!(d["connection"], connection, "{name}");
+        // bpe's SQL functions on a request's connection: on every bpe one but where the
+        // configuration asks for them on demand.
+        if per_connection {
+            let surface = !stock && !name.ends_with("_sql_on_demand");
+            assert_eq!(d["request_sql_surface"], surface, "{name}");
+        }
         let pager_kib = match (name.ends_with("_defaults") || per_connection, stock) {
             (true, _) => 2000,
             (false, true) => memory_kib,

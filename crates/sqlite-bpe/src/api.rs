@@ -21,6 +21,7 @@ extern "C" {
     fn bpe_malloc(n: c_int) -> *mut c_void;
     fn bpe_free(p: *mut c_void);
     fn bpe_uri_parameter(name: *const c_char, param: *const c_char) -> *const c_char;
+    fn bpe_uri_boolean(name: *const c_char, param: *const c_char, dflt: c_int) -> c_int;
     fn bpe_libversion_number() -> c_int;
     fn bpe_mutex_alloc(id: c_int) -> *mut c_void;
     fn bpe_mutex_try(m: *mut c_void) -> c_int;
@@ -237,6 +238,25 @@ pub unsafe fn uri_parameter(name: *const c_char, param: &CStr) -> Option<String>
     let v = unsafe { bpe_uri_parameter(name, param.as_ptr()) };
     // SAFETY: SQLite returns NULL or a string that lives as long as the file name.
     (!v.is_null()).then(|| unsafe { CStr::from_ptr(v) }.to_string_lossy().into_owned())
+}
+
+/// URI parameter `param` of connection `db`'s main database read as SQLite reads its own
+/// booleans (`1`/`0`, `yes`/`no`, `on`/`off`, `true`/`false`); `default` where the parameter is
+/// absent or not a boolean, and for a temporary or in-memory main database.
+///
+/// # Safety
+/// `db` is an open connection whose main database is attached (from the end of its open on,
+/// e.g. in an auto-extension).
+pub unsafe fn main_db_uri_boolean(db: *mut sqlite3, param: &CStr, default: bool) -> bool {
+    // SAFETY: forwarded contract: sqlite3_db_filename returns NULL or the main database's name
+    // as SQLite keeps it, with its URI parameters after it, valid while we read them here.
+    unsafe {
+        let name = bpe_db_filename(db, c"main".as_ptr());
+        if name.is_null() {
+            return default;
+        }
+        bpe_uri_boolean(name, param.as_ptr(), c_int::from(default)) != 0
+    }
 }
 
 /// A C string of `s`, with any interior NUL cut off there.

@@ -12,6 +12,7 @@
 //! | `BPE_READAHEAD` | `0` to turn readahead off (default `1`) |
 //! | `BPE_WRITE_BEHIND` | `1` to let a writer in rollback mode keep its page writes in RAM until its sync or unlock, so that a page SQLite spills many times in one transaction reaches the file once; the pages SQLite wrote are then not in the file for a raw reader (a file copy, a size check) after `sqlite3_db_cacheflush` or a cache spill, as they would be with stock SQLite. By default every page goes to the database file at once (default `0`; see docs/SQLITE.md, "Write-behind") |
 //! | `BPE_LARGE_PAGES` | `0` to keep L1's page bytes on the kernel's 4 KiB pages; by default they are advised for transparent huge pages (`MADV_HUGEPAGE`), so that a hit rarely misses the TLB (default `1`; no effect where the kernel's `transparent_hugepage` is `never`) |
+//! | `BPE_SQL_SURFACE` | `every-connection` (default): every connection opened after the load gets bpe's SQL functions and virtual tables (`bpe_exec`, `bpe_performance_counters`, ...); `on-demand`: only a connection that asks, by the URI parameter `bpe_sql=1` of its main database, by [`crate::register_sql`], or by loading the extension on it. Either way a connection's `bpe_sql=0` leaves them off it. The VFS serves every connection alike |
 //! | `BPE_DATA_LATENCY_US`, `BPE_DATA_WRITE_LATENCY_US`, `BPE_DATA_SYNC_LATENCY_US` | emulate a slow data device (benchmarks only): microseconds per read, per write, per sync (at most 1 s) |
 //! | `BPE_DATA_READ_MBPS`, `BPE_DATA_WRITE_MBPS` | its bandwidth in MB/s (10^6 bytes; 0 or unset: unlimited, else at least 1): a request takes its latency plus its size / bandwidth |
 //! | `BPE_DATA_IOPS`, `BPE_DATA_WRITE_IOPS` | its read and write IOPS caps (0 or unset: none), across all threads |
@@ -129,6 +130,43 @@ fn device_emulation_from(
 pub struct EnvConfig {
     pub config: Config,
     pub extension: Option<(PathBuf, u64)>,
+    /// Which connections get the SQL functions and virtual tables (`BPE_SQL_SURFACE`).
+    pub sql_surface: SqlSurface,
+}
+
+/// Which connections the auto-extension gives bpe's SQL functions and virtual tables to. A
+/// connection's own URI parameter `bpe_sql` overrides it either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SqlSurface {
+    /// Every connection opened after the load (unless it says `bpe_sql=0`).
+    #[default]
+    EveryConnection,
+    /// Only a connection that asks: `bpe_sql=1`, `register_sql`, or a load on it.
+    OnDemand,
+}
+
+impl SqlSurface {
+    /// The accepted values of `BPE_SQL_SURFACE`, in the error that refuses another.
+    const VALUES: [(&'static str, SqlSurface); 2] = [
+        ("every-connection", SqlSurface::EveryConnection),
+        ("on-demand", SqlSurface::OnDemand),
+    ];
+
+    /// `BPE_SQL_SURFACE`'s value read; an unknown one is refused, naming the variable and the
+    /// values it takes.
+    fn parse(value: &str) -> Result<SqlSurface, String> {
+        Self::VALUES
+            .iter()
+            .find(|(name, _)| *name == value.trim())
+            .map(|(_, surface)| *surface)
+            .ok_or_else(|| {
+                format!(
+                    "BPE_SQL_SURFACE={value:?} must be {} or {}",
+                    Self::VALUES[0].0,
+                    Self::VALUES[1].0
+                )
+            })
+    }
 }
 
 fn var(name: &str) -> Option<String> {
@@ -219,6 +257,10 @@ impl EnvConfig {
             config.checkpoint_interval = std::time::Duration::from_millis(ms);
         }
         config.data_device = device_emulation_from_env()?;
+        let sql_surface = match var("BPE_SQL_SURFACE") {
+            Some(v) => SqlSurface::parse(&v)?,
+            None => SqlSurface::EveryConnection,
+        };
         let extension = match (var("BPE_EXTENSION_FILE"), var("BPE_EXTENSION_SIZE")) {
             (None, None) => None,
             (Some(path), Some(size)) => {
@@ -230,7 +272,11 @@ impl EnvConfig {
             }
             _ => return Err("BPE_EXTENSION_FILE and BPE_EXTENSION_SIZE go together".into()),
         };
-        Ok(EnvConfig { config, extension })
+        Ok(EnvConfig {
+            config,
+            extension,
+            sql_surface,
+        })
     }
 
     /// Carries the settings out on a new engine: the extension, through the same statement SQL
@@ -322,6 +368,24 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(sql.contains("the path must be absolute"), "{sql}");
+    }
+
+    #[test]
+    fn the_sql_surface_takes_its_two_values_and_refuses_others_naming_them() {
+        assert_eq!(
+            SqlSurface::parse("every-connection"),
+            Ok(SqlSurface::EveryConnection)
+        );
+        assert_eq!(SqlSurface::parse(" on-demand "), Ok(SqlSurface::OnDemand));
+        for bad in ["lazy", "1", "On-Demand", "every_connection"] {
+            let err = SqlSurface::parse(bad).unwrap_err();
+            assert!(
+                err.starts_with("BPE_SQL_SURFACE=")
+                    && err.contains("every-connection")
+                    && err.contains("on-demand"),
+                "{bad:?}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -17,11 +17,12 @@ mod process;
 mod vfs;
 mod vtab;
 
-pub use env_config::{emulation_env, emulation_var_names, EnvConfig};
+pub use env_config::{emulation_env, emulation_var_names, EnvConfig, SqlSurface};
 
 use bpe_core::Engine;
 use libsqlite3_sys::{sqlite3, sqlite3_api_routines, SQLITE_ERROR, SQLITE_OK};
 use std::ffi::{c_char, c_int};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// The name of the VFS: open databases with `file:app.db?vfs=bpe`.
@@ -57,6 +58,13 @@ pub fn existing_engine() -> Option<Arc<Engine>> {
 
 static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
 
+/// `BPE_SQL_SURFACE=on-demand` at the load: a new connection gets the SQL functions and virtual
+/// tables only when it asks (see [`connection_init`]).
+static SQL_ON_DEMAND: AtomicBool = AtomicBool::new(false);
+
+/// The URI parameter of a connection's main database that overrides `BPE_SQL_SURFACE` for it.
+const SQL_URI_PARAMETER: &std::ffi::CStr = c"bpe_sql";
+
 /// Reads the configuration, creates the engine and registers the VFS and the auto-extension,
 /// once per process; makes `bpe` the default VFS whenever `BPE_DEFAULT_VFS=1` at the call. The
 /// whole environment is checked before anything is registered: a load that fails leaves no
@@ -66,7 +74,12 @@ fn install_process_wide() -> Result<(), String> {
     INSTALLED
         .get_or_init(|| {
             process::set_process_locks(&PROCESS_LOCKS);
-            process::configure(EnvConfig::from_env()?);
+            let config = EnvConfig::from_env()?;
+            SQL_ON_DEMAND.store(
+                config.sql_surface == SqlSurface::OnDemand,
+                Ordering::Relaxed,
+            );
+            process::configure(config);
             // Created now, so that an extension configured in the environment starts at load.
             engine();
             vfs::register(false)?;
@@ -88,16 +101,52 @@ fn install_on(db: *mut sqlite3) -> Result<(), String> {
     vtab::register(db)
 }
 
-/// Called by SQLite for every connection opened after the extension was loaded.
+/// Whether a connection opened now gets the SQL functions and virtual tables: its main
+/// database's `bpe_sql` URI parameter if it gives one, else `BPE_SQL_SURFACE`.
+///
+/// # Safety
+/// `db` is a connection whose main database is open (as in an auto-extension).
+unsafe fn wants_sql(db: *mut sqlite3) -> bool {
+    let default = !SQL_ON_DEMAND.load(Ordering::Relaxed);
+    // SAFETY: forwarded contract.
+    unsafe { api::main_db_uri_boolean(db, SQL_URI_PARAMETER, default) }
+}
+
+/// Called by SQLite for every connection opened after the extension was loaded, once its
+/// main database is open (so that its URI parameters can be read).
 unsafe extern "C" fn connection_init(
     db: *mut sqlite3,
     _err: *mut *mut c_char,
     _api: *const sqlite3_api_routines,
 ) -> c_int {
-    ffi::guard(SQLITE_ERROR, "connection init", || match install_on(db) {
-        Ok(()) => SQLITE_OK,
-        Err(_) => SQLITE_ERROR,
+    ffi::guard(SQLITE_ERROR, "connection init", || {
+        // SAFETY: SQLite runs auto-extensions on a live connection after opening its main
+        // database.
+        if !unsafe { wants_sql(db) } {
+            return SQLITE_OK;
+        }
+        match install_on(db) {
+            Ok(()) => SQLITE_OK,
+            Err(_) => SQLITE_ERROR,
+        }
     })
+}
+
+/// Installs bpe's SQL functions and virtual tables (`bpe_exec`, `bpe_performance_counters`,
+/// ...) on one connection of the SQLite linked into this program, registering the VFS first
+/// if [`register`] has not run. For hosts that run with `BPE_SQL_SURFACE=on-demand` and want
+/// the surface on some connections only; on a connection that has it already it changes
+/// nothing. With rusqlite: `unsafe { sqlite_bpe::register_sql(conn.handle()) }`.
+///
+/// # Safety
+/// `db` is an open connection of the SQLite library bpe is bound to (the linked one after
+/// [`register`]), used by no other thread during the call.
+pub unsafe fn register_sql(db: *mut sqlite3) -> Result<(), String> {
+    if db.is_null() {
+        return Err("register_sql: no connection (a NULL handle)".into());
+    }
+    register()?;
+    install_on(db)
 }
 
 /// The loadable-extension entry point, found by SQLite from the library's file name

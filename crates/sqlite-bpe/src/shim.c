@@ -37,6 +37,9 @@ void bpe_free(void *p) { sqlite3_free(p); }
 const char *bpe_uri_parameter(const char *name, const char *param) {
   return sqlite3_uri_parameter(name, param);
 }
+int bpe_uri_boolean(const char *name, const char *param, int dflt) {
+  return sqlite3_uri_boolean(name, param, dflt);
+}
 int bpe_libversion_number(void) { return sqlite3_libversion_number(); }
 sqlite3_mutex *bpe_mutex_alloc(int id) { return sqlite3_mutex_alloc(id); }
 int bpe_mutex_try(sqlite3_mutex *m) { return sqlite3_mutex_try(m); }

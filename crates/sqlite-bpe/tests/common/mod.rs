@@ -248,6 +248,7 @@ pub fn bpe_vars() -> impl Iterator<Item = &'static str> {
         "BPE_DIRECT_IO",
         "BPE_READAHEAD",
         "BPE_WRITE_BEHIND",
+        "BPE_SQL_SURFACE",
     ]
     .into_iter()
     .chain(sqlite_bpe::emulation_var_names())
