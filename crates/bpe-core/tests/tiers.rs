@@ -432,6 +432,27 @@ fn past_end_of_file_is_short_and_not_cached() {
 }
 
 /// Descriptors of this process open on the file `path` names.
+/// A miss reads into a slot of L1 that an earlier page may have held: past end of file, the
+/// part the file lacks reads as zeros, never as what the slot held before.
+#[test]
+fn past_end_of_file_is_zeros_even_in_a_slot_an_earlier_page_held() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 4, PAGE);
+    let engine = engine(1 << 20);
+    let f = engine.open_file(&path, PAGE).unwrap();
+    for p in 0..4 {
+        read(&engine, &f, p);
+    }
+    engine.forget_pages(&f, &[0, 1, 2, 3]); // their slots are free again, bytes and all
+    let mut buf = vec![1u8; PAGE];
+    let r = engine.read_page(&f, 9, &mut buf).unwrap();
+    assert_eq!(r.len, 0);
+    assert!(
+        buf.iter().all(|&b| b == 0),
+        "bytes of an earlier page leaked"
+    );
+}
+
 fn open_descriptors_of(path: &std::path::Path) -> usize {
     use std::os::unix::fs::MetadataExt;
     let want = std::fs::metadata(path).unwrap().ino();
@@ -860,5 +881,47 @@ fn a_file_emptied_every_few_milliseconds_serves_misses_uncached_until_it_goes_qu
         (Tier::DataFile, Tier::Memory),
         "quiet for 250 ms: the miss is cached again"
     );
+    engine.check_invariants();
+}
+
+/// A miss reads the L2 copy straight into the L1 slot it will be installed in and checks it
+/// there: a copy failing its checksum is a miss, the page is read from the data file into the
+/// same slot, and what L1 keeps afterwards is the file's page, not the corrupt bytes.
+#[test]
+fn an_extension_copy_failing_its_checksum_in_place_is_a_miss_then_a_data_file_read() {
+    let dir = tempdir();
+    let path = make_file(dir.path(), "data", 600, PAGE);
+    let engine = engine(512 << 10); // ~120 pages of RAM
+    let f = engine.open_file(&path, PAGE).unwrap();
+    engine
+        .enable_extension(&dir.path().join("ext.bpe"), 8 << 20)
+        .unwrap();
+    let order: Vec<u64> = (0..600u64).map(|i| (i * 7919) % 600).collect();
+    for &p in &order {
+        read(&engine, &f, p);
+    }
+    assert!(engine.wait_for_extension_writes(WAIT));
+    let mut checked = 0;
+    // Fewer than EXTENSION_FAULT_LIMIT: so many faults in a row would disable the extension.
+    for &p in order.iter().filter(|&&p| !in_memory(&engine, p)).take(6) {
+        let failures = engine.counters().ext_checksum_failures;
+        engine.faults().corrupt_extension_reads(1);
+        let (bytes, tier) = read(&engine, &f, p);
+        assert_eq!(decode(&bytes), Some((p, 0)), "page {p} as served");
+        if engine.counters().ext_checksum_failures == failures {
+            continue; // L2 did not hold it after all (the corruption waits for the next read)
+        }
+        assert_eq!(
+            tier,
+            Tier::DataFile,
+            "page {p}: a corrupt L2 copy is a miss"
+        );
+        let (again, tier) = read(&engine, &f, p);
+        assert_eq!(tier, Tier::Memory);
+        assert_eq!(decode(&again), Some((p, 0)), "page {p} as L1 kept it");
+        checked += 1;
+    }
+    engine.faults().corrupt_extension_reads(0);
+    assert!(checked >= 4, "only {checked} pages were read from L2");
     engine.check_invariants();
 }

@@ -44,6 +44,17 @@ impl PinnedPage {
 #[derive(Clone, Copy)]
 pub struct Via<'a>(pub Option<&'a dyn DataDevice>);
 
+/// Where [`Engine::fetch`] found a missed page.
+enum Found {
+    /// In L2, this file's own copy.
+    Extension,
+    /// In an earlier snapshot's cache, of this tier.
+    Lineage(Tier),
+    /// In the data file: the bytes the file had (less than a page past end of file), and the
+    /// pages a readahead brought with it.
+    DataFile(usize, Option<ReadAhead>),
+}
+
 /// Pages a data-file readahead read, to install (after the page asked for, if it read one).
 struct ReadAhead {
     /// The whole request: `skip` pages not to install (the page asked for, which its reader
@@ -138,6 +149,17 @@ impl Engine {
     }
 
     /// Fetches a missed page from L2 or the data file. None if a racing write voided the read.
+    ///
+    /// The page is read straight into the L1 slot it will be installed in, reserved first
+    /// ([`BufferPool::reserve_load`]), and copied from there into `buf`: one copy of the page
+    /// instead of two (device to `buf`, `buf` to the slot). The slot stays invisible until
+    /// [`BufferPool::finish_load_in`] installs it, which it does only as `finish_load` would (no
+    /// write started during the read); a read that fails or is not cached drops it, returning
+    /// its memory. When L1 has no room for a slot, the page is read into `buf` and installed
+    /// from there as before.
+    ///
+    /// [`BufferPool::reserve_load`]: crate::pool::BufferPool::reserve_load
+    /// [`BufferPool::finish_load_in`]: crate::pool::BufferPool::finish_load_in
     fn load(
         &self,
         file: &FileHandle,
@@ -150,59 +172,59 @@ impl Engine {
         let ext = self.current_extension();
         // Before either read: see `Engine::read_under`.
         let shared = ext.as_ref().and_then(|e| e.read_under(file, key));
-        if let Some(ext) = &ext {
-            // A miss while a restore runs waits for it and looks again (see `await_restore`).
-            if ext.read(key, buf) || (ext.await_restore(file.identity()) && ext.read(key, buf)) {
-                let frame = self.frame(file, key, buf, started, false, shared);
-                if self.config.readahead && file.extension_readahead.on_miss(key.page) {
-                    self.extension_readahead(file, ext, key, buf.len());
-                }
-                return Ok(self
-                    .pool
-                    .finish_load(ticket, frame, LoadSource::Extension, self)
-                    .then_some(PageRead {
-                        tier: Tier::Extension,
-                        len: buf.len(),
-                    }));
-            }
-        }
-        // A snapshot's page that an earlier snapshot holds unchanged (see `lineage.rs`).
-        if let Some(tier) = self.copy_from_lineage(file, key.page, buf, ext.as_ref()) {
-            let frame = self.frame(file, key, buf, started, false, shared);
-            return Ok(self
-                .pool
-                .finish_load(ticket, frame, LoadSource::Extension, self)
-                .then_some(PageRead {
-                    tier,
-                    len: buf.len(),
-                }));
-        }
-        let (len, ahead) = match self.read_data_file(file, key, buf, via) {
-            Ok(read) => read,
+        let mut slot = self.pool.reserve_load(buf.len(), self);
+        let found = match slot.as_mut() {
+            Some(slot) => self.fetch(file, key, slot.bytes_mut(), ext.as_ref(), via),
+            None => self.fetch(file, key, buf, ext.as_ref(), via),
+        };
+        let l2_hit = matches!(found, Ok(Found::Extension));
+        let (tier, len, ahead) = match found {
+            Ok(Found::Extension) => (Tier::Extension, buf.len(), None),
+            Ok(Found::Lineage(tier)) => (tier, buf.len(), None),
+            Ok(Found::DataFile(len, ahead)) => (Tier::DataFile, len, ahead),
             Err(e) => {
+                drop(slot); // before the ticket ends: nothing half-read is ever installed
                 self.pool.abort(ticket);
                 return Err(e);
             }
         };
-        let read = PageRead {
-            tier: Tier::DataFile,
-            len,
-        };
+        if let Some(slot) = &slot {
+            buf.copy_from_slice(slot.bytes());
+        }
+        let read = PageRead { tier, len };
         if len < buf.len() {
             // Past end of file: report it, cache nothing.
+            drop(slot);
             self.pool.abort(ticket);
             if let Some(ahead) = ahead {
                 self.install_read_ahead(file, ahead);
             }
             return Ok(Some(read));
         }
-        let installed = if file.rewrites.churning(self.now_ms()) {
+        let source = match tier {
+            Tier::DataFile => LoadSource::DataFile,
+            _ => LoadSource::Extension,
+        };
+        let installed = if source == LoadSource::DataFile && file.rewrites.churning(self.now_ms()) {
             // Served, not cached: see `RewriteWatch::churning`.
+            drop(slot);
             self.pool.finish_uncached(ticket, self)
         } else {
-            let frame = self.frame(file, key, buf, started, false, shared);
-            self.pool
-                .finish_load(ticket, frame, LoadSource::DataFile, self)
+            if let Some(ext) = ext.as_ref().filter(|_| l2_hit && self.config.readahead) {
+                if file.extension_readahead.on_miss(key.page) {
+                    self.extension_readahead(file, ext, key, buf.len());
+                }
+            }
+            match slot {
+                Some(slot) => {
+                    let frame = self.frame(file, key, &[], started, false, shared);
+                    self.pool.finish_load_in(ticket, slot, frame, source, self)
+                }
+                None => {
+                    let frame = self.frame(file, key, buf, started, false, shared);
+                    self.pool.finish_load(ticket, frame, source, self)
+                }
+            }
         };
         // After the page asked for: pages reach L2 in the order they are installed, and a
         // later scan served by L2 reads ahead only through consecutive slots.
@@ -210,6 +232,33 @@ impl Engine {
             self.install_read_ahead(file, ahead);
         }
         Ok(installed.then_some(read))
+    }
+
+    /// Reads a missed page into `dst`: from L2 (checked against its checksum there), from an
+    /// earlier snapshot that holds it unchanged, or from the data file. Returns where it came
+    /// from. On any miss `dst` is overwritten by the next tier.
+    fn fetch(
+        &self,
+        file: &FileHandle,
+        key: PageKey,
+        dst: &mut [u8],
+        ext: Option<&Arc<Extension>>,
+        via: Via<'_>,
+    ) -> Result<Found> {
+        if let Some(ext) = ext {
+            // A miss while a restore runs waits for it and looks again (see `await_restore`).
+            if ext.read_in_place(key, dst)
+                || (ext.await_restore(file.identity()) && ext.read_in_place(key, dst))
+            {
+                return Ok(Found::Extension);
+            }
+        }
+        // A snapshot's page that an earlier snapshot holds unchanged (see `lineage.rs`).
+        if let Some(tier) = self.copy_from_lineage(file, key.page, dst, ext) {
+            return Ok(Found::Lineage(tier));
+        }
+        let (len, ahead) = self.read_data_file(file, key, dst, via)?;
+        Ok(Found::DataFile(len, ahead))
     }
 
     /// Copies `page` of snapshot `file` from the cache of an earlier snapshot that holds it

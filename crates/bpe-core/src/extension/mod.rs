@@ -22,7 +22,7 @@ use crate::counters::Counters;
 use crate::error::Result;
 use crate::files::FileHandle;
 use crate::io::aligned::Scratch;
-use crate::io::aligned::{round_down, round_up};
+use crate::io::aligned::{is_block_aligned, round_down, round_up};
 use crate::io::extension_file::ExtensionFile;
 use crate::io::{FaultInjector, FaultyExtensionFile};
 use crate::io::{FileIdentity, FileStamp};
@@ -403,7 +403,21 @@ impl Extension {
     }
 
     /// Reads a page into `buf` if a verified copy is here. Any fault is a miss (and is counted).
+    /// `buf` is left as it was on a miss.
     pub fn read(self: &Arc<Self>, key: PageKey, buf: &mut [u8]) -> bool {
+        self.read_into(key, buf, false)
+    }
+
+    /// As [`Extension::read`], but the request reads straight into `buf` where it can (an
+    /// aligned `buf`, such as a slot of L1's slab, and a copy on whole blocks of the file),
+    /// and the checksum is checked there: no copy out of a buffer of its own. On a miss `buf`
+    /// holds whatever was read (bytes that failed their checksum, say): the caller must not use
+    /// it, and reads the page elsewhere into the same buffer.
+    pub fn read_in_place(self: &Arc<Self>, key: PageKey, buf: &mut [u8]) -> bool {
+        self.read_into(key, buf, true)
+    }
+
+    fn read_into(self: &Arc<Self>, key: PageKey, buf: &mut [u8], in_place: bool) -> bool {
         if self.failed.load(Relaxed) {
             return false;
         }
@@ -418,9 +432,19 @@ impl Extension {
             return false;
         }
         let (start, skip, len) = aligned_span(loc.offset, loc.len);
-        let mut block = Scratch::new(len);
-        let res = self.read_request(start, &mut block[..len]);
-        let page = &block[skip..skip + loc.len];
+        let direct = in_place && skip == 0 && len == loc.len && is_block_aligned(start, buf);
+        let mut block = None;
+        let res = if direct {
+            self.read_request(start, buf)
+        } else {
+            let block = block.insert(Scratch::new(len));
+            self.read_request(start, &mut block[..len])
+        };
+        let page: &[u8] = match &block {
+            Some(block) => &block[skip..skip + loc.len],
+            None => buf,
+        };
+        let res = res.map(|()| page_crc(key.page, page) == loc.crc);
         match res {
             Err(e) => {
                 Counters::bump(&self.counters.ext_io_errors);
@@ -428,7 +452,7 @@ impl Extension {
                 self.fault(format!("read error: {e}"));
                 false
             }
-            Ok(()) if page_crc(key.page, page) != loc.crc => {
+            Ok(false) => {
                 // The writer may have reused the region since we looked, or (for a restored
                 // entry) the previous process's writer did after its checkpoint: a plain miss.
                 // Only a written entry that still claims this place is corrupt.
@@ -438,8 +462,10 @@ impl Extension {
                 }
                 false
             }
-            Ok(()) => {
-                buf.copy_from_slice(page);
+            Ok(true) => {
+                if let Some(block) = &block {
+                    buf.copy_from_slice(&block[skip..skip + loc.len]);
+                }
                 self.consecutive_faults.store(0, Relaxed);
                 Counters::bump(&self.counters.ext_page_reads);
                 if theirs {

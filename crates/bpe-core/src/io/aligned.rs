@@ -266,6 +266,16 @@ pub(crate) fn map_aligned(
     std::ptr::NonNull::new(start as *mut u8)
 }
 
+/// Whether a read of `buf` at `offset` can be made with O_DIRECT as it is: the offset, the
+/// buffer's address and its length all on whole blocks of [`DIRECT_IO_ALIGN`].
+pub fn is_block_aligned(offset: u64, buf: &[u8]) -> bool {
+    let align = DIRECT_IO_ALIGN;
+    !buf.is_empty()
+        && offset.is_multiple_of(align as u64)
+        && (buf.as_ptr() as usize).is_multiple_of(align)
+        && buf.len().is_multiple_of(align)
+}
+
 pub fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to
 }

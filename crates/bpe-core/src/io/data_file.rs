@@ -13,7 +13,7 @@
 //! as the name to open: the descriptors then lead to the caller's file, whatever the path names
 //! by now. See `files.rs` for when they are opened and closed.
 
-use super::aligned::{read_full, round_down, round_up, Scratch};
+use super::aligned::{is_block_aligned, read_full, round_down, round_up, Scratch};
 use super::device::DataDevice;
 use crate::config::DIRECT_IO_ALIGN;
 use crate::error::{Error, Result};
@@ -276,9 +276,14 @@ impl DataFile {
 
     /// Reads with O_DIRECT, rounding the request out to whole blocks. Returns how many bytes
     /// existed before end of file; the rest of `buf` is zero-filled. None if the file has no
-    /// O_DIRECT descriptor.
+    /// O_DIRECT descriptor. A request already on whole blocks into an aligned `buf` (a page of
+    /// L1's slab, see `BufferPool::reserve_load`) is read straight into it; any other goes
+    /// through an aligned scratch buffer and is copied out.
     pub fn read_direct(&self, offset: u64, buf: &mut [u8]) -> Option<std::io::Result<usize>> {
         let direct = self.main_is_direct.then_some(&self.main)?;
+        if is_block_aligned(offset, buf) {
+            return Some(read_full(direct, offset, buf).inspect(|&n| buf[n..].fill(0)));
+        }
         let align = DIRECT_IO_ALIGN as u64;
         let start = round_down(offset, align);
         let end = round_up((offset + buf.len() as u64) as usize, DIRECT_IO_ALIGN) as u64;

@@ -67,9 +67,16 @@ impl NewFrame<'_> {
 impl Frame {
     /// The frame of `new`, its bytes copied into `slot` (of the same length).
     pub(super) fn install(new: NewFrame<'_>, slot: Slot) -> Self {
+        let data = slot.filled(new.data);
+        Frame::holding(new, data)
+    }
+
+    /// The frame of `new` whose bytes were read straight into `data` (a load in place, see
+    /// `BufferPool::reserve_load`); `new.data` is not looked at.
+    pub(super) fn holding(new: NewFrame<'_>, data: Slot) -> Self {
         Frame {
             key: new.key,
-            data: slot.filled(new.data),
+            data,
             freq: AtomicU8::new(0),
             in_main: AtomicBool::new(false),
             prefetched: AtomicBool::new(new.prefetched),

@@ -87,6 +87,42 @@ pub enum Lookup {
     Load(Ticket),
 }
 
+/// A slot reserved for one load, for its I/O to read the page straight into (no copy from a
+/// buffer of its own): charged against the target like a resident frame, but in no page table,
+/// so nothing can see its bytes until [`BufferPool::finish_load_in`] installs it, and only if
+/// the load's ticket is still valid then. Dropped unused (the read failed, the page was past
+/// end of file, the bytes are not to be cached), it gives its memory back.
+pub struct LoadSlot<'a> {
+    pool: &'a BufferPool,
+    /// Taken by `finish_load_in`; a drop with it still here returns the charge.
+    slot: Option<Slot>,
+    charge: u64,
+}
+
+impl LoadSlot<'_> {
+    /// The slot's bytes, for the read. On a page size of at least `DIRECT_IO_ALIGN` they are
+    /// aligned for O_DIRECT (a slot lies at a multiple of its page size, see `slab.rs`).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        self.slot
+            .as_mut()
+            .expect("present until installed")
+            .as_mut()
+    }
+
+    /// What was read into the slot.
+    pub fn bytes(&self) -> &[u8] {
+        self.slot.as_ref().expect("present until installed")
+    }
+}
+
+impl Drop for LoadSlot<'_> {
+    fn drop(&mut self) {
+        if self.slot.take().is_some() {
+            self.pool.used.fetch_sub(self.charge, Relaxed);
+        }
+    }
+}
+
 /// The right to install one page: held by the thread doing its I/O.
 pub struct Ticket {
     pub key: PageKey,
@@ -223,6 +259,42 @@ impl BufferPool {
         };
         let frame = self.build(frame, sink);
         self.release(&ticket, frame, Some(source), sink)
+    }
+
+    /// Room for a page of `page_size` that is about to be loaded, taken before its read so that
+    /// the read lands in the slot it will be installed in (see [`LoadSlot`]). None when L1 has
+    /// no room: the caller reads into its own buffer and `finish_load` decides again.
+    pub fn reserve_load(&self, page_size: usize, sink: &dyn EvictionSink) -> Option<LoadSlot<'_>> {
+        let charge = page_size as u64 + crate::config::L1_FRAME_OVERHEAD;
+        let slot = self.make_room(Some((charge, page_size)), sink)?;
+        Some(LoadSlot {
+            pool: self,
+            slot: Some(slot),
+            charge,
+        })
+    }
+
+    /// Installs a page read into `slot` unless a write to it started meanwhile: the same check,
+    /// under the same lock, as [`BufferPool::finish_load`] (and false in the same case). The
+    /// caller has checked the bytes (an extension copy against its checksum) before calling;
+    /// `frame.data` is not looked at. An invalidated load frees the slot and its charge.
+    pub fn finish_load_in(
+        &self,
+        ticket: Ticket,
+        mut slot: LoadSlot<'_>,
+        frame: NewFrame<'_>,
+        source: LoadSource,
+        sink: &dyn EvictionSink,
+    ) -> bool {
+        debug_assert!(std::ptr::eq(slot.pool, self), "a slot of another pool");
+        let bytes = slot.slot.take().expect("present until installed");
+        let frame = NewFrame {
+            from_extension: source == LoadSource::Extension,
+            ..frame
+        };
+        let frame = Arc::new(Frame::holding(frame, bytes));
+        debug_assert_eq!(frame.charge(), slot.charge);
+        self.release(&ticket, Some(frame), Some(source), sink)
     }
 
     /// Ends a load whose bytes are served but not cached. Returns false when a write started
@@ -598,7 +670,124 @@ fn remove_if_same(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::L1_FRAME_OVERHEAD;
     use std::collections::HashSet;
+
+    struct NoSink;
+    impl EvictionSink for NoSink {
+        fn evicted(&self, _frame: &Arc<Frame>) {}
+    }
+
+    const PAGE: usize = 4096;
+    const CHARGE: u64 = PAGE as u64 + L1_FRAME_OVERHEAD;
+
+    fn loaded(key: PageKey) -> NewFrame<'static> {
+        NewFrame {
+            key,
+            data: &[],
+            now_ms: 0,
+            read_micros: 0,
+            prefetched: false,
+            from_extension: false,
+            current_key: None,
+            shared: None,
+            dirty: false,
+        }
+    }
+
+    fn ticket(pool: &BufferPool, key: PageKey) -> Ticket {
+        match pool.lookup(key) {
+            Lookup::Load(t) => t,
+            _ => panic!("{key:?} should be a miss with no load in flight"),
+        }
+    }
+
+    /// A load reads into its reserved slot where no reader can see it: the page is neither
+    /// resident nor readable until the load finishes, and then it is the slot's bytes.
+    #[test]
+    fn a_reserved_load_slot_is_invisible_until_finished() {
+        let pool = BufferPool::new(1 << 20, false);
+        let key = PageKey::new(1, 7);
+        let t = ticket(&pool, key);
+        let mut slot = pool.reserve_load(PAGE, &NoSink).unwrap();
+        slot.bytes_mut().fill(0xab);
+        assert!(!pool.contains(key) && pool.peek(key).is_none());
+        let mut buf = vec![0u8; PAGE];
+        assert!(!pool.copy_if_resident(key, &mut buf, 0));
+        assert!(matches!(pool.lookup(key), Lookup::Wait(_)), "readers wait");
+        assert_eq!(pool.resident_pages(), 0);
+        assert!(pool.finish_load_in(t, slot, loaded(key), LoadSource::DataFile, &NoSink));
+        assert!(pool.copy_if_resident(key, &mut buf, 0));
+        assert!(
+            buf.iter().all(|&b| b == 0xab),
+            "the frame holds the slot's bytes"
+        );
+        assert_eq!(pool.used_bytes(), CHARGE);
+        pool.check_invariants();
+    }
+
+    /// A slot reserved and dropped unused (the read failed) gives back its charge and its slab
+    /// slot; one whose load was voided by a write installs nothing and gives them back too.
+    #[test]
+    fn an_abandoned_or_voided_load_slot_returns_its_memory() {
+        let pool = BufferPool::new(1 << 20, false);
+        let key = PageKey::new(1, 7);
+        let t = ticket(&pool, key);
+        let slot = pool.reserve_load(PAGE, &NoSink).unwrap();
+        assert_eq!(pool.used_bytes(), CHARGE, "a reserved slot is charged");
+        assert_eq!(pool.slab().live_bytes(), PAGE as u64);
+        drop(slot);
+        pool.abort(t);
+        assert_eq!(pool.used_bytes(), 0);
+        assert_eq!(pool.slab().live_bytes(), 0);
+
+        let t = ticket(&pool, key);
+        let mut slot = pool.reserve_load(PAGE, &NoSink).unwrap();
+        slot.bytes_mut().fill(1);
+        let write = pool.begin_write(key);
+        assert!(
+            !pool.finish_load_in(t, slot, loaded(key), LoadSource::Extension, &NoSink),
+            "a write started during the read: the load must not install"
+        );
+        assert!(!pool.contains(key));
+        assert_eq!(pool.used_bytes(), 0);
+        assert_eq!(pool.slab().live_bytes(), 0);
+        pool.finish_write(write, None, &NoSink);
+        pool.check_invariants();
+    }
+
+    /// Reserved slots count against the target: reserving evicts resident frames to make room,
+    /// and once every byte is reserved there is no slot to be had.
+    #[test]
+    fn reserved_load_slots_count_against_the_memory_bound() {
+        let target = 2 * CHARGE;
+        let pool = BufferPool::new(target, false);
+        for page in 0..2 {
+            let key = PageKey::new(1, page);
+            let t = ticket(&pool, key);
+            let slot = pool.reserve_load(PAGE, &NoSink).unwrap();
+            assert!(pool.finish_load_in(t, slot, loaded(key), LoadSource::DataFile, &NoSink));
+        }
+        assert_eq!(pool.resident_pages(), 2);
+        let first = pool.reserve_load(PAGE, &NoSink).unwrap();
+        assert_eq!(
+            pool.resident_pages(),
+            1,
+            "room was made by evicting a frame"
+        );
+        assert!(pool.used_bytes() <= target);
+        let second = pool.reserve_load(PAGE, &NoSink).unwrap();
+        assert_eq!(pool.resident_pages(), 0);
+        assert!(pool.used_bytes() <= target);
+        assert!(
+            pool.reserve_load(PAGE, &NoSink).is_none(),
+            "every byte of the target is reserved"
+        );
+        assert_eq!(pool.used_bytes(), target);
+        drop((first, second));
+        assert_eq!(pool.used_bytes(), 0);
+        pool.check_invariants();
+    }
 
     /// The keys of one shard must not share their map tags (the hash's top 7 bits): a shard
     /// whose keys have few tags makes every probe compare many keys.

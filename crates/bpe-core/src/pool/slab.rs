@@ -438,7 +438,9 @@ impl Slot {
         self
     }
 
-    fn as_mut(&mut self) -> &mut [u8] {
+    /// The slot's bytes, to be written before it is installed (a frame's bytes never change
+    /// after that: a frame holds its slot behind a shared reference only).
+    pub(super) fn as_mut(&mut self) -> &mut [u8] {
         // SAFETY: the slot's bytes lie in the region (see alloc) and belong to this slot alone
         // until it is dropped; &mut self excludes other references through it.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
