@@ -1,7 +1,8 @@
 //! Which pages each replicated transaction changed, read from a Litestream replica's log.
 //!
-//! Litestream ships a database as LTX files, `<root>/ltx/<level>/<min>-<max>.ltx` (TXIDs in 16
-//! hex digits), each holding the pages a run of transactions wrote. The format is open
+//! Litestream ships a database as LTX files, `<dir>/ltx/<level>/<min>-<max>.ltx` in a directory
+//! replica and `<path>/<level, 4 digits>/<min>-<max>.ltx` in a bucket (TXIDs in 16 hex digits;
+//! Litestream 0.5's layouts), each holding the pages a run of transactions wrote. The format is open
 //! (github.com/superfly/ltx): a 100-byte header, the page frames, then a page index (for each
 //! page, in order: its number, offset and size as unsigned varints; a 0 ends it), the index's
 //! length as a big-endian u64, and a 16-byte trailer (the database's checksum after the file
@@ -44,8 +45,29 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct FileTail {
     /// The pages it wrote, 0-based (SQLite's page number less one).
     pub pages: Vec<u64>,
-    /// The database's checksum after it applies.
+    /// The database's checksum after it applies; 0 where the writer computed none (Litestream
+    /// 0.5 sets the header's no-checksum flag and writes 0).
     pub post_apply: u64,
+    /// The file's own checksum (of its header, with a timestamp, and its pages).
+    pub file_checksum: u64,
+}
+
+impl FileTail {
+    /// A mark of the database's content at the file's last transaction, if the tail gives one:
+    /// the database's checksum, else (no checksum written) the file's own checksum where the
+    /// file is of the finest level (`level` 0), the one file that ends at that transaction and
+    /// no other. The same content has the same database checksum in every replica; a file
+    /// checksum marks one file, so a replica written anew, whose transaction numbers start
+    /// again, marks its transactions differently (its files have other timestamps).
+    pub fn content_mark(&self, level: u32) -> Option<u64> {
+        if self.post_apply != 0 {
+            Some(self.post_apply)
+        } else if level == 0 && self.file_checksum != 0 {
+            Some(self.file_checksum)
+        } else {
+            None
+        }
+    }
 }
 
 /// One LTX file's place in the log.
@@ -60,7 +82,8 @@ struct LogFile {
 #[derive(Clone, Debug)]
 pub struct Move {
     pub changed: PageSet,
-    /// The database's checksum at the later transaction, if a file of the log ends there.
+    /// The content mark at the later transaction (`FileTail::content_mark`), if a file of
+    /// the log that gives one ends there.
     pub checksum_after: Option<u64>,
 }
 
@@ -78,7 +101,7 @@ enum Store {
 struct S3 {
     bucket: rusty_s3::Bucket,
     credentials: Option<rusty_s3::Credentials>,
-    /// The key prefix of the database's log (`<path>/ltx/`).
+    /// The key prefix of the database's log (`<path>/`; its levels below it).
     root: String,
     agent: ureq::Agent,
 }
@@ -118,7 +141,7 @@ impl ReplicaLog {
             let tail = self.tail(*f)?;
             pages.extend_from_slice(&tail.pages);
             if f.max == to {
-                checksum_after = Some(tail.post_apply);
+                checksum_after = tail.content_mark(f.level);
             }
         }
         Some(Move {
@@ -127,15 +150,15 @@ impl ReplicaLog {
         })
     }
 
-    /// The database's checksum at transaction `txid`, if a file of the log's finest level
-    /// ends there (looked for among the files that start at most `span` transactions before).
+    /// The content mark at transaction `txid` (`FileTail::content_mark`), if a file of the
+    /// log's finest level ends there (looked for among the files that start at most `span` transactions before).
     pub fn checksum_at(&self, txid: u64, span: u64) -> Option<u64> {
         let files = self.list(0, txid.saturating_sub(span)).ok()?;
         let f = files.into_iter().find(|f| f.max == txid)?;
-        Some(self.tail(f)?.post_apply)
+        self.tail(f)?.content_mark(0)
     }
 
-    /// (TXID, database checksum) where files of the finest level end, for the newest `limit`
+    /// (TXID, content mark) where files of the finest level end, for the newest `limit`
     /// such files that start after `since` and end before `before`, newest first: where an
     /// earlier snapshot may be found.
     pub fn checksums_before(&self, since: u64, before: u64, limit: usize) -> Vec<(u64, u64)> {
@@ -145,7 +168,7 @@ impl ReplicaLog {
         files
             .into_iter()
             .take(limit)
-            .filter_map(|f| Some((f.max, self.tail(f)?.post_apply)))
+            .filter_map(|f| Some((f.max, self.tail(f)?.content_mark(0)?)))
             .collect()
     }
 
@@ -210,10 +233,12 @@ impl ReplicaLog {
     }
 
     fn read_tail(&self, f: LogFile) -> Result<FileTail, String> {
-        let name = format!("{}/{}", f.level, file_name(f.min, f.max));
+        let name = file_name(f.min, f.max);
         let bytes = match &self.store {
-            Store::Dir(root) => read_file_tail(&root.join("ltx").join(&name))?,
-            Store::S3(s3) => s3.tail(&name)?,
+            Store::Dir(root) => {
+                read_file_tail(&root.join("ltx").join(f.level.to_string()).join(&name))?
+            }
+            Store::S3(s3) => s3.tail(&format!("{}{name}", s3.level_prefix(f.level)))?,
         };
         parse_tail(&bytes)
     }
@@ -276,6 +301,7 @@ pub fn parse_tail(bytes: &[u8]) -> Result<FileTail, String> {
     }
     let trailer = &bytes[n - TRAILER_BYTES..];
     let post_apply = u64::from_be_bytes(trailer[..8].try_into().expect("8 bytes"));
+    let file_checksum = u64::from_be_bytes(trailer[8..].try_into().expect("8 bytes"));
     let at = n - TRAILER_BYTES - INDEX_LEN_BYTES;
     let index_len = u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes")) as usize;
     if index_len == 0 || index_len > at {
@@ -306,7 +332,11 @@ pub fn parse_tail(bytes: &[u8]) -> Result<FileTail, String> {
             index.len()
         ));
     }
-    Ok(FileTail { pages, post_apply })
+    Ok(FileTail {
+        pages,
+        post_apply,
+        file_checksum,
+    })
 }
 
 /// An unsigned LEB128 varint (Go's `binary.Uvarint`).
@@ -367,9 +397,9 @@ impl S3 {
             .map(|(k, s)| rusty_s3::Credentials::new(k, s));
         let path = path.trim_matches('/');
         let root = if path.is_empty() {
-            "ltx/".to_string()
+            String::new()
         } else {
-            format!("{path}/ltx/")
+            format!("{path}/")
         };
         let agent = ureq::Agent::config_builder()
             .timeout_global(Some(REQUEST_TIMEOUT))
@@ -383,9 +413,14 @@ impl S3 {
         })
     }
 
+    /// The key prefix of a level's files: `<path>/0000/` for level 0.
+    fn level_prefix(&self, level: u32) -> String {
+        format!("{}{level:04}/", self.root)
+    }
+
     fn list(&self, level: u32, after: u64) -> Result<Vec<LogFile>, String> {
         use rusty_s3::S3Action;
-        let prefix = format!("{}{level}/", self.root);
+        let prefix = self.level_prefix(level);
         // Every file whose first transaction is `after` or less sorts at or before this name.
         let start_after = format!("{prefix}{}", file_name(after, u64::MAX));
         let mut action = self.bucket.list_objects_v2(self.credentials.as_ref());
@@ -406,16 +441,16 @@ impl S3 {
             .contents
             .iter()
             .filter_map(|c| parse_name(level, c.key.strip_prefix(&prefix)?))
+            .filter(|f| f.min > after)
             .collect())
     }
 
-    /// The last bytes of `name` (`<level>/<file>`), enough for `parse_tail`.
-    fn tail(&self, name: &str) -> Result<Vec<u8>, String> {
-        let key = format!("{}{name}", self.root);
-        let mut bytes = self.get_suffix(&key, TAIL_GUESS)?;
+    /// The last bytes of the object `key`, enough for `parse_tail`.
+    fn tail(&self, key: &str) -> Result<Vec<u8>, String> {
+        let mut bytes = self.get_suffix(key, TAIL_GUESS)?;
         if let Some(need) = tail_needs(&bytes) {
             if bytes.len() == TAIL_GUESS {
-                bytes = self.get_suffix(&key, need)?;
+                bytes = self.get_suffix(key, need)?;
             }
         }
         Ok(bytes)
@@ -474,6 +509,26 @@ mod tests {
         let t = parse_tail(&tail(&[1, 2, 300, 70000], 0x8123)).unwrap();
         assert_eq!(t.pages, vec![0, 1, 299, 69999]);
         assert_eq!(t.post_apply, 0x8123);
+    }
+
+    #[test]
+    fn without_a_database_checksum_only_a_finest_level_file_marks_the_content() {
+        // Litestream 0.5 writes no database checksum (0) but a checksum of each file.
+        let t = parse_tail(&tail(&[1], 0)).unwrap();
+        assert_eq!(t.file_checksum, 0x8000_0000_0000_0001);
+        assert_eq!(t.content_mark(0), Some(0x8000_0000_0000_0001));
+        assert_eq!(
+            t.content_mark(1),
+            None,
+            "a compacted file ends where a level-0 file does"
+        );
+        let t = parse_tail(&tail(&[1], 0x8123)).unwrap();
+        assert_eq!(t.content_mark(0), Some(0x8123));
+        assert_eq!(
+            t.content_mark(3),
+            Some(0x8123),
+            "the database's checksum at any level"
+        );
     }
 
     #[test]
@@ -560,7 +615,8 @@ mod tests {
                 "http://127.0.0.1:9000/bucket/",
                 "{rest}"
             );
-            assert_eq!(s3.root, "app/db/ltx/");
+            assert_eq!(s3.level_prefix(0), "app/db/0000/");
+            assert_eq!(s3.level_prefix(9), "app/db/0009/");
         }
     }
 

@@ -7,14 +7,16 @@
 //!   takes from an earlier one every page the transactions between did not change
 //!   (`Engine::inherit`): the earlier snapshot this connection read, else the newest this
 //!   process has opened.
-//! - **Names that outlive the process.** A snapshot whose database checksum the log gives (the
-//!   post-apply checksum of the LTX file ending at its TXID) is named from that checksum, the
-//!   base VFS, the path and the replica: the same content has the same name in the next
-//!   process, so the extension's checkpoint can hand its pages over (and a replica recreated
-//!   under the same URL, whose transaction numbers start again, names different content
-//!   differently). After a restart, the first snapshot looks back through the log for an
-//!   earlier one the extension still holds. A snapshot whose checksum is unknown gets a name
-//!   of this process only.
+//! - **Names that outlive the process.** A snapshot whose content the log marks
+//!   (`FileTail::content_mark`: the database's post-apply checksum in the LTX file ending at
+//!   its TXID, or, where the writer wrote none as Litestream 0.5 does, the checksum of the
+//!   finest-level file ending there) is named from that mark, the base VFS, the path and the
+//!   replica's place (its URL without the query: not the endpoint it is reached through). The
+//!   same content has the same name in the next process, so the extension's checkpoint can
+//!   hand its pages over, and a replica written anew under the same URL, whose transaction
+//!   numbers start again, names its content differently. After a restart, the first snapshot
+//!   looks back through the log for an earlier one the extension still holds. A snapshot the
+//!   log does not mark gets a name of this process only.
 //!
 //! Every lookup in the log that fails costs reads from the base VFS, never a stale page: a
 //! snapshot without a lineage reads every page from the base VFS, as before.
@@ -104,10 +106,13 @@ impl Source {
         if let Some(s) = sources.get(&key) {
             return s.clone();
         }
+        // The replica without its query: where the server is reached (an endpoint, a proxy's
+        // port) is not what the database is, and the content is named by its checksum anyway.
+        let replica_place = key.2.split('?').next().unwrap_or_default();
         let stable = fnv(&[
             base.as_bytes(),
             path.as_os_str().as_bytes(),
-            key.2.as_bytes(),
+            replica_place.as_bytes(),
         ]);
         let now = bpe_core::monotonic_ns().to_le_bytes();
         let pid = std::process::id().to_le_bytes();
