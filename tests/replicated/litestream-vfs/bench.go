@@ -389,6 +389,18 @@ func hitRatio(dir string, replica *replicaSpec) error {
 	if !ok {
 		return fmt.Errorf("hitratio: a phase did no lookups or a write phase no writes: %+v", results)
 	}
+	// A count, not a time: a one-row write changes a few pages (a leaf, its parents, page 1),
+	// so across a write phase bpe reads again at most pagesPerWrite pages a write, plus one
+	// hot set for a move whose log could not be read. A snapshot that keeps none of its
+	// ancestor's pages reads the whole hot set at every write.
+	const pagesPerWrite = 16
+	for i := 1; i < len(results); i += 2 {
+		b := results[i]
+		if bound := pagesPerWrite*b.Writes + int64(*hrHot); b.PagesFromBase > bound {
+			return fmt.Errorf("hitratio %s: %d pages read again from Litestream over %d writes, more than %d (%d a write and one hot set of %d): new transactions are not keeping the pages they did not change",
+				b.Shape, b.PagesFromBase, b.Writes, bound, pagesPerWrite, *hrHot)
+		}
+	}
 	return writeJSON(map[string]any{"rows": *rows, "hot": *hrHot, "s3_delay": s3Delay.String(),
 		"replica": replica.readerURL(), "phases": results})
 }
