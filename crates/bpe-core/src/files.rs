@@ -17,8 +17,9 @@
 //!
 //! Cached pages are named by the file's *key*, not by its entry: forgetting a file's pages is
 //! giving it a new key (O(1), whatever the cache holds). Copies under the old key can never be
-//! found again and leave both tiers as space is needed. Keys come from one counter and are never
-//! reused; if it ever wraps (2^32 invalidations), both tiers are emptied first (`Engine::new_key`).
+//! found again and leave both tiers as space is needed. Keys come from the registry's counter
+//! (`FileRegistry::new_key`) and are never reused; before it would wrap (2^32 invalidations),
+//! both tiers are emptied and every file numbered again (`Engine::renumber_if_keys_run_out`).
 
 use crate::config::{check_page_size, Config};
 use crate::error::{Error, Result};
@@ -317,9 +318,10 @@ struct Entry {
 }
 
 /// The registry, under `Engine::files`.
-#[derive(Default)]
 pub struct FileRegistry {
     by_identity: HashMap<FileIdentity, Entry, PageKeyHash>,
+    /// The next file key (see `page.rs`); 0 is never used.
+    next_key: FileKey,
     /// Closed entries, oldest first (may hold identities reopened since: checked when popped).
     retained: VecDeque<FileIdentity>,
     next_id: u32,
@@ -346,7 +348,48 @@ pub struct OpenRequest<'a> {
     pub page_size: &'a dyn Fn() -> usize,
 }
 
+/// Keys left when [`FileRegistry::keys_run_out`] says so: far from wrapping.
+const KEY_HEADROOM: FileKey = 1 << 20;
+
+impl Default for FileRegistry {
+    fn default() -> FileRegistry {
+        FileRegistry {
+            by_identity: HashMap::default(),
+            next_key: 1,
+            retained: VecDeque::new(),
+            next_id: 0,
+            parked: Vec::new(),
+        }
+    }
+}
+
 impl FileRegistry {
+    /// A key never used before. The engine calls `keys_run_out` first, which keeps the counter
+    /// far from wrapping.
+    pub(crate) fn new_key(&mut self) -> FileKey {
+        let key = self.next_key;
+        self.next_key = key.wrapping_add(1);
+        key
+    }
+
+    /// Whether the keys near their end (after ~2^32 invalidations): every cached page must go
+    /// before [`FileRegistry::renumber`] may give keys from 1 on again.
+    pub(crate) fn keys_run_out(&self) -> bool {
+        self.next_key >= FileKey::MAX - KEY_HEADROOM
+    }
+
+    /// Gives every file a fresh key from 1 on, once both tiers hold nothing under the old keys.
+    /// A load still in flight under a key from before was voided by that purge, and keys from 1
+    /// on were last used 2^32 keys ago.
+    pub(crate) fn renumber(&mut self) {
+        let mut next = 1;
+        for f in self.all() {
+            f.set_key(next);
+            next += 1;
+        }
+        self.next_key = next;
+    }
+
     /// Opens (or shares) one snapshot of a file only the caller can read (see
     /// [`FileIdentity::snapshot`]): no descriptors and no stamp, since a snapshot never changes;
     /// every miss is read through the caller's device. A retained snapshot reopens with its
@@ -356,7 +399,6 @@ impl FileRegistry {
         path: &Path,
         identity: FileIdentity,
         page_size: usize,
-        new_key: &mut dyn FnMut() -> FileKey,
     ) -> Result<(FileHandle, OpenKind)> {
         check_page_size(page_size)?;
         assert!(
@@ -376,7 +418,8 @@ impl FileRegistry {
             self.retained.retain(|i| *i != identity);
             return Ok((file, kind));
         }
-        let file = self.insert_new(identity, path, page_size, new_key(), None, None);
+        let key = self.new_key();
+        let file = self.insert_new(identity, path, page_size, key, None, None);
         Ok((file, OpenKind::New))
     }
 
@@ -417,12 +460,11 @@ impl FileRegistry {
         file
     }
 
-    /// Opens (or shares) a file. `new_key` gives a fresh key (the engine's counter).
+    /// Opens (or shares) a file.
     pub(crate) fn open(
         &mut self,
         req: &OpenRequest<'_>,
         config: &Config,
-        new_key: &mut dyn FnMut() -> FileKey,
     ) -> Result<(FileHandle, OpenKind)> {
         let open_err = |source| Error::OpenData {
             path: req.path.to_path_buf(),
@@ -455,7 +497,7 @@ impl FileRegistry {
             let known = file.known_stamp();
             let changed = known.is_none_or(|k| k.stamp != stamp);
             if changed {
-                file.set_key(new_key());
+                file.set_key(self.new_key());
             }
             *file.data.write() = Some(data);
             file.accept_stamp(stamp);
@@ -475,7 +517,8 @@ impl FileRegistry {
         let data = self.descriptors(req, identity, config)?;
         let stamp = data.stamp()?;
         let known = Some(KnownStamp::taken_now(stamp));
-        let file = self.insert_new(identity, req.path, page_size, new_key(), Some(data), known);
+        let key = self.new_key();
+        let file = self.insert_new(identity, req.path, page_size, key, Some(data), known);
         Ok((file, OpenKind::New))
     }
 

@@ -99,7 +99,8 @@ pub enum Rank {
     FileKey = 25,
     /// `Engine::status`: the extension's state as operators see it.
     Status = 40,
-    /// `Engine::memory`: changes of L1's target (max server memory less the extension index).
+    /// `MemoryBudget::retarget` (`Engine::memory`): changes of L1's target (max server memory
+    /// less the extension index).
     Memory = 45,
     /// `BufferPool::replacer`: the eviction queues.
     Replacer = 50,

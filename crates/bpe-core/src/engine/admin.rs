@@ -8,8 +8,10 @@ use crate::config::{physical_memory, Sharing, INDEX_BUDGET_DIVISOR, MIN_MAX_MEMO
 use crate::error::{Error, ExtensionRefusal, Result};
 use crate::extension::{initial_index_bytes, MIN_EXTENSION_BYTES};
 use crate::io::FileIdentity;
+use crate::pool::{BufferPool, EvictionSink};
+use crate::sync::{Mutex, Rank};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// The settings operator actions change, to validate a sequence of them before any runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,9 +92,65 @@ pub fn check_extension_size(size: u64, max_memory: u64) -> Result<()> {
     Ok(())
 }
 
+/// Max server memory, and L1's target under it: what the extension's index leaves of it. Every
+/// change of either sets the target again, one at a time, so that the two never disagree.
+pub(super) struct MemoryBudget {
+    max: AtomicU64,
+    /// Serializes changes of L1's target.
+    retarget: Mutex<()>,
+}
+
+impl MemoryBudget {
+    pub(super) fn new(max: u64) -> MemoryBudget {
+        MemoryBudget {
+            max: AtomicU64::new(max),
+            retarget: Mutex::new(Rank::Memory, ()),
+        }
+    }
+
+    #[inline]
+    fn max(&self) -> u64 {
+        self.max.load(Relaxed)
+    }
+
+    /// Max server memory from now on; L1's target follows at the next `retarget`.
+    fn set_max(&self, bytes: u64) {
+        self.max.store(bytes, Relaxed);
+    }
+
+    /// Sets L1's target to max server memory less the index `index_bytes` reads (under the
+    /// lock, so that a change of the index meanwhile waits its turn).
+    pub(super) fn retarget(
+        &self,
+        pool: &BufferPool,
+        sink: &dyn EvictionSink,
+        index_bytes: impl FnOnce() -> u64,
+    ) {
+        let _retarget = self.retarget.lock();
+        let index = index_bytes();
+        pool.set_target(self.max().saturating_sub(index), sink);
+    }
+
+    /// The extension's index grows to `bytes`: false, and nothing changed, if that is more than
+    /// its budget ([`INDEX_BUDGET_DIVISOR`]); else L1's target shrinks to make room.
+    pub(super) fn charge_index(
+        &self,
+        bytes: u64,
+        pool: &BufferPool,
+        sink: &dyn EvictionSink,
+    ) -> bool {
+        let _retarget = self.retarget.lock();
+        if bytes > self.max() / INDEX_BUDGET_DIVISOR {
+            return false;
+        }
+        pool.set_target(self.max().saturating_sub(bytes), sink);
+        true
+    }
+}
+
 impl Engine {
     pub fn max_memory(&self) -> u64 {
-        self.max_memory.load(Relaxed)
+        self.memory.max()
     }
 
     /// The settings now.
@@ -229,7 +287,7 @@ impl Engine {
         let _admin = self.admin.lock();
         let index = self.settings().extension.map_or(0, |e| e.2);
         check_max_memory(bytes, index)?;
-        self.max_memory.store(bytes, Relaxed);
+        self.memory.set_max(bytes);
         self.refresh_memory_target();
         Ok(())
     }

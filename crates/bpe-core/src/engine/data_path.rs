@@ -92,9 +92,7 @@ impl Engine {
         }
         let key = PageKey::new(file.key(), page);
         self.counters.page_lookups.bump();
-        if self.tracing.load(Relaxed) {
-            self.trace.lock().push(key);
-        }
+        self.trace.record(key);
         if self.pool.copy_if_resident(key, buf, self.now_ms()) {
             return Ok(self.served_from_memory(file, key, page_size));
         }

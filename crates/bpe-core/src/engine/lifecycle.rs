@@ -24,7 +24,7 @@ use crate::config::Sharing;
 use crate::error::{Error, Result};
 use crate::extension::Extension;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
 use std::sync::Arc;
 
 /// sys.dm_os_buffer_pool_extension_configuration.state, with SQL Server's numbers.
@@ -121,7 +121,44 @@ impl Lifecycle {
     }
 }
 
+/// The descriptors of the extension file and of a shared extension's participant lock (-1
+/// where there is none), readable without a lock: a forked child closes them, so that the
+/// parent's locks on them are not held by the child. Set and cleared by the transitions here.
+pub(super) struct ExtensionFds {
+    file: AtomicI32,
+    lock: AtomicI32,
+}
+
+impl ExtensionFds {
+    pub(super) fn new() -> ExtensionFds {
+        ExtensionFds {
+            file: AtomicI32::new(-1),
+            lock: AtomicI32::new(-1),
+        }
+    }
+
+    fn set(&self, ext: &Extension) {
+        self.file.store(ext.raw_fd(), Relaxed);
+        self.lock.store(ext.raw_lock_fd(), Relaxed);
+    }
+
+    fn clear(&self) {
+        self.file.store(-1, Relaxed);
+        self.lock.store(-1, Relaxed);
+    }
+
+    fn get(&self) -> [i32; 2] {
+        [self.file.load(Relaxed), self.lock.load(Relaxed)]
+    }
+}
+
 impl Engine {
+    /// The descriptors of the extension file and of a shared extension's participant lock,
+    /// -1 where there is none, for a forked child to close (see `ExtensionFds`).
+    pub fn extension_raw_fds(&self) -> [i32; 2] {
+        self.extension_fds.get()
+    }
+
     fn enter(&self, phase: Phase) {
         let mut l = self.lifecycle.lock();
         if matches!(phase, Phase::Enabled { .. }) {
@@ -220,8 +257,7 @@ impl Engine {
             }
         };
         let size = ext.size_bytes();
-        self.extension_fd.store(ext.raw_fd(), Relaxed);
-        self.extension_lock_fd.store(ext.raw_lock_fd(), Relaxed);
+        self.extension_fds.set(&ext);
         *self.extension.write() = Some(ext.clone());
         self.offer_open_files(&ext);
         self.refresh_memory_target();
@@ -268,8 +304,7 @@ impl Engine {
             size: ext.size_bytes(),
         });
         *self.extension.write() = None;
-        self.extension_fd.store(-1, Relaxed);
-        self.extension_lock_fd.store(-1, Relaxed);
+        self.extension_fds.clear();
         ext.close(self.vouched_files(), &|keys| self.resident(keys));
         self.refresh_memory_target();
         self.enter(Phase::Disabled);
@@ -279,8 +314,7 @@ impl Engine {
     /// Takes `ext` out of service: readers stop finding it, its writer stops, its file goes.
     fn unplug(&self, ext: &Arc<Extension>) {
         *self.extension.write() = None;
-        self.extension_fd.store(-1, Relaxed);
-        self.extension_lock_fd.store(-1, Relaxed);
+        self.extension_fds.clear();
         ext.shutdown();
         // The index is freed when the last reader in flight lets go of `ext`.
         self.refresh_memory_target();

@@ -4,10 +4,18 @@
 //! - `write_behind.rs`: a write held in L1 until its writer writes it back.
 //! - `lifecycle.rs`: the extension's lifecycle (enable, disable, resize, retire), one state
 //!   machine.
-//! - `admin.rs`: the other operator settings (memory, drop clean buffers) and the checks.
-//! - `observe.rs`: counters, buffer descriptors, extension configuration.
+//! - `admin.rs`: the other operator settings (memory, drop clean buffers) and the checks; the
+//!   memory budget (`MemoryBudget`: max server memory and L1's target under it).
+//! - `observe.rs`: counters, buffer descriptors, extension configuration; the page trace
+//!   (`PageTrace`).
+//! - `warm.rs`: what a warm restart asks of the engine (vouching, adoption, prewarm).
+//! - `prefetch.rs`: readahead in the background (`BackgroundReads`: its thread and its jobs).
 //! - this file: the engine's parts, the file lifecycle (see `files.rs`), and what the extension
 //!   asks of the engine (index memory, retiring it after faults).
+//!
+//! The parts with state of their own are types of the file that uses them (`MemoryBudget`,
+//! `PageTrace`, `BackgroundReads`, `lifecycle::ExtensionFds`, and `files.rs`'s `FileRegistry`,
+//! which also hands out the file keys), held by the engine in place; none refers back to it.
 //!
 //! Locks are taken in the order of `sync::Rank` (checked in debug builds); no getter changes
 //! state.
@@ -28,7 +36,7 @@ pub use lifecycle::{ExtensionState, ExtensionStatus};
 pub use observe::BufferDescriptor;
 pub use write_behind::BehindLog;
 
-use crate::config::{Config, INDEX_BUDGET_DIVISOR};
+use crate::config::Config;
 use crate::counters::Counters;
 use crate::error::Result;
 use crate::extension::{Extension, ExtensionHost};
@@ -40,9 +48,7 @@ use crate::page::{FileKey, PageKey};
 use crate::pool::{BufferPool, EvictionSink, Frame};
 use crate::sync::{Mutex, Rank, RwLock};
 use std::path::Path;
-use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed,
-};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -54,31 +60,21 @@ pub struct Engine {
     lifecycle: Mutex<lifecycle::Lifecycle>,
     /// Serializes operator actions (enable, disable, resize, memory changes).
     admin: Mutex<()>,
-    /// Serializes changes of L1's target (max server memory less the extension's index).
-    memory: Mutex<()>,
     files: Mutex<FileRegistry>,
-    /// The next file key (see `page.rs`); 0 is never used.
-    next_key: AtomicU32,
-    max_memory: AtomicU64,
+    /// Max server memory and L1's target under it (see `admin.rs`).
+    memory: admin::MemoryBudget,
     counters: Arc<Counters>,
     faults: Arc<FaultInjector>,
     emulator: Option<Arc<Emulator>>,
-    /// The extension file's descriptor (-1 without one), readable without a lock: a forked
-    /// child closes it, so that the parent's lock on it is not held by the child.
-    extension_fd: AtomicI32,
-    /// A shared extension's participant lock descriptor, likewise.
-    extension_lock_fd: AtomicI32,
+    /// The extension's descriptors, for a forked child to close (see `lifecycle.rs`).
+    extension_fds: lifecycle::ExtensionFds,
     epoch: Instant,
     /// The hit path's clock (frames' last access), cheaper than `epoch`.
     clock: CoarseClock,
-    tracing: AtomicBool,
-    trace: Mutex<Vec<PageKey>>,
-    /// The background readahead thread's queue, once a scan started it (see `prefetch.rs`).
-    prefetcher: Mutex<Option<crate::sync::channel::Sender<prefetch::Job>>>,
-    /// Background readahead jobs queued or running.
-    /// Shared with the threads that run the jobs, which count theirs done only after letting
-    /// go of the engine: once this reads 0, no job keeps the engine alive.
-    readahead_jobs: Arc<AtomicUsize>,
+    /// Every page lookup, while on (see `observe.rs`).
+    trace: observe::PageTrace,
+    /// Readahead and prewarm in the background (see `prefetch.rs`).
+    background: prefetch::BackgroundReads,
     me: Weak<Engine>,
 }
 
@@ -89,21 +85,16 @@ impl Engine {
             extension: RwLock::new(Rank::ExtensionSlot, None),
             lifecycle: Mutex::new(Rank::Status, lifecycle::Lifecycle::default()),
             admin: Mutex::new(Rank::Admin, ()),
-            memory: Mutex::new(Rank::Memory, ()),
             files: Mutex::new(Rank::Files, FileRegistry::default()),
-            next_key: AtomicU32::new(1),
-            max_memory: AtomicU64::new(config.max_memory),
+            memory: admin::MemoryBudget::new(config.max_memory),
             counters: Arc::new(Counters::default()),
             faults: Arc::new(FaultInjector::default()),
             emulator: config.data_device.map(|m| Arc::new(Emulator::new(m))),
-            extension_fd: AtomicI32::new(-1),
-            extension_lock_fd: AtomicI32::new(-1),
+            extension_fds: lifecycle::ExtensionFds::new(),
             epoch: Instant::now(),
             clock: CoarseClock::start(),
-            tracing: AtomicBool::new(false),
-            trace: Mutex::new(Rank::Leaf, Vec::new()),
-            prefetcher: Mutex::new(Rank::Leaf, None),
-            readahead_jobs: Arc::new(AtomicUsize::new(0)),
+            trace: observe::PageTrace::new(),
+            background: prefetch::BackgroundReads::new(),
             me: me.clone(),
             config,
         })
@@ -136,8 +127,8 @@ impl Engine {
     /// Opens (or shares, or reopens) a data file as `req` says; see `files.rs` for the lifecycle.
     pub fn open_file_with(&self, req: &OpenRequest<'_>) -> Result<(FileHandle, OpenKind)> {
         let mut files = self.files.lock();
-        self.renumber_if_keys_run_out(&files);
-        let opened = files.open(req, &self.config, &mut || self.allocate_key())?;
+        self.renumber_if_keys_run_out(&mut files);
+        let opened = files.open(req, &self.config)?;
         drop(files);
         if let (_, OpenKind::Reopened { changed: true, .. }) = &opened {
             Counters::bump(&self.counters.file_invalidations);
@@ -157,8 +148,8 @@ impl Engine {
         page_size: usize,
     ) -> Result<(FileHandle, OpenKind)> {
         let mut files = self.files.lock();
-        self.renumber_if_keys_run_out(&files);
-        let opened = files.open_snapshot(path, identity, page_size, &mut || self.allocate_key())?;
+        self.renumber_if_keys_run_out(&mut files);
+        let opened = files.open_snapshot(path, identity, page_size)?;
         drop(files);
         if let Some(me) = self.me.upgrade() {
             me.offer_for_adoption(&opened.0, opened.1);
@@ -214,10 +205,10 @@ impl Engine {
     pub fn set_page_size(&self, file: &FileHandle, page_size: usize) -> Result<()> {
         crate::config::check_page_size(page_size)?;
         if file.page_size() != page_size {
-            let files = self.files.lock();
-            self.renumber_if_keys_run_out(&files);
+            let mut files = self.files.lock();
+            self.renumber_if_keys_run_out(&mut files);
             file.store_page_size(page_size);
-            file.set_key(self.allocate_key());
+            file.set_key(files.new_key());
         }
         Ok(())
     }
@@ -226,9 +217,9 @@ impl Engine {
     /// new key, so nothing cached under the old one can be found again. O(1).
     pub fn invalidate_file(&self, file: &FileHandle) {
         Counters::bump(&self.counters.file_invalidations);
-        let files = self.files.lock();
-        self.renumber_if_keys_run_out(&files);
-        file.set_key(self.allocate_key());
+        let mut files = self.files.lock();
+        self.renumber_if_keys_run_out(&mut files);
+        file.set_key(files.new_key());
         drop(files);
         if file.rewrites.rewritten(self.now_ms()) {
             if let Some(d) = file.data() {
@@ -262,29 +253,16 @@ impl Engine {
             .fetch_add(pages.len() as u64, Relaxed);
     }
 
-    /// A key never used before. Called under the registry lock, after
-    /// `renumber_if_keys_run_out`, which keeps the counter far from wrapping.
-    fn allocate_key(&self) -> FileKey {
-        self.next_key.fetch_add(1, Relaxed)
-    }
-
     /// Near the end of the key space (after ~2^32 invalidations), empties both tiers and gives
-    /// every file a fresh key from 1 on: no key is reused while a copy cached under it remains.
-    /// A load still in flight under a key from before is voided by the purge, and keys from 1 on
-    /// were last used 2^32 keys ago.
-    fn renumber_if_keys_run_out(&self, files: &FileRegistry) {
-        const HEADROOM: u32 = 1 << 20;
-        if self.next_key.load(Relaxed) < u32::MAX - HEADROOM {
+    /// every file a fresh key from 1 on: no key is reused while a copy cached under it remains
+    /// (see `FileRegistry::renumber`). Called under the registry lock before every new key.
+    fn renumber_if_keys_run_out(&self, files: &mut FileRegistry) {
+        if !files.keys_run_out() {
             return;
         }
         // Every cached page goes under its old key (a shared extension's names are its own).
         let _ = self.drop_clean_buffers();
-        let mut next = 1;
-        for f in files.all() {
-            f.set_key(next);
-            next += 1;
-        }
-        self.next_key.store(next, Relaxed);
+        files.renumber();
     }
 
     /// Forgets cached pages of `file` from `first_page` on, in both tiers (after a truncate).
@@ -304,35 +282,15 @@ impl Engine {
             .cloned()
     }
 
-    /// Starts or stops recording every page lookup (for replacement-policy studies).
-    pub fn set_tracing(&self, on: bool) {
-        self.tracing.store(on, Relaxed);
-    }
-
-    pub fn take_trace(&self) -> Vec<PageKey> {
-        std::mem::take(&mut self.trace.lock())
-    }
-
     /// Re-derives L1's target from max server memory and the extension's index charge. Every
     /// change of either goes through here, one at a time, so the two never disagree.
     fn refresh_memory_target(&self) {
-        let _memory = self.memory.lock();
-        let index = self
-            .extension
-            .read()
-            .as_ref()
-            .map_or(0, |e| e.index_bytes());
-        self.pool
-            .set_target(self.max_memory().saturating_sub(index), self);
-    }
-
-    /// The descriptors of the extension file and of a shared extension's participant lock,
-    /// -1 where there is none, for a forked child to close (see `extension_fd`).
-    pub fn extension_raw_fds(&self) -> [i32; 2] {
-        [
-            self.extension_fd.load(Relaxed),
-            self.extension_lock_fd.load(Relaxed),
-        ]
+        self.memory.retarget(&self.pool, self, || {
+            self.extension
+                .read()
+                .as_ref()
+                .map_or(0, |e| e.index_bytes())
+        });
     }
 }
 
@@ -344,14 +302,7 @@ impl ExtensionHost for Host {
         let Some(engine) = self.0.upgrade() else {
             return false;
         };
-        let _memory = engine.memory.lock();
-        if bytes > engine.max_memory() / INDEX_BUDGET_DIVISOR {
-            return false;
-        }
-        engine
-            .pool
-            .set_target(engine.max_memory().saturating_sub(bytes), &*engine);
-        true
+        engine.memory.charge_index(bytes, &engine.pool, &*engine)
     }
 
     fn failed(&self, ext: &Arc<Extension>) {

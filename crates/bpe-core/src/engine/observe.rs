@@ -1,12 +1,14 @@
-//! What operators see: counters, buffer descriptors, the extension's configuration. Every
-//! function here only reads.
+//! What operators see: counters, buffer descriptors, the extension's configuration, and the
+//! page trace ([`PageTrace`]). Every function here only reads, but for the trace's switch and
+//! its taking.
 
 use super::Engine;
 use crate::counters::{CounterSnapshot, Gauges};
 use crate::files::FileInfo;
-use crate::page::Tier;
+use crate::page::{PageKey, Tier};
 use crate::pool::Frame;
-use std::sync::atomic::Ordering::Relaxed;
+use crate::sync::{Mutex, Rank};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
 /// Pages of the extension are reported in units of this many bytes (SQLite's default page).
@@ -30,7 +32,49 @@ pub struct BufferDescriptor {
     pub loaded_by: Option<u32>,
 }
 
+/// Every page lookup, in order, while it is on (for replacement-policy studies:
+/// `tools/policy-study`). Off, a lookup costs it one load.
+pub(super) struct PageTrace {
+    on: AtomicBool,
+    keys: Mutex<Vec<PageKey>>,
+}
+
+impl PageTrace {
+    pub(super) fn new() -> PageTrace {
+        PageTrace {
+            on: AtomicBool::new(false),
+            keys: Mutex::new(Rank::Leaf, Vec::new()),
+        }
+    }
+
+    /// Records a lookup of `key`, if the trace is on (every lookup comes here).
+    #[inline]
+    pub(super) fn record(&self, key: PageKey) {
+        if self.on.load(Relaxed) {
+            self.keys.lock().push(key);
+        }
+    }
+
+    fn set(&self, on: bool) {
+        self.on.store(on, Relaxed);
+    }
+
+    fn take(&self) -> Vec<PageKey> {
+        std::mem::take(&mut self.keys.lock())
+    }
+}
+
 impl Engine {
+    /// Starts or stops recording every page lookup (for replacement-policy studies).
+    pub fn set_tracing(&self, on: bool) {
+        self.trace.set(on);
+    }
+
+    /// The lookups recorded since the last take.
+    pub fn take_trace(&self) -> Vec<PageKey> {
+        self.trace.take()
+    }
+
     pub fn counters(&self) -> CounterSnapshot {
         let ext = self.current_extension();
         let files = self.files();

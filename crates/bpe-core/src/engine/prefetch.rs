@@ -16,10 +16,11 @@ use super::Engine;
 use crate::config::{READAHEAD_BYTES, READAHEAD_MEMORY_DIVISOR, READAHEAD_TRIGGER};
 use crate::files::FileHandle;
 use crate::page::PageKey;
-use crate::pool::Ticket;
-use crate::sync::channel::{bounded, Receiver, RecvTimeoutError};
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Weak;
+use crate::pool::{BufferPool, Ticket};
+use crate::sync::channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use crate::sync::{Mutex, Rank};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// Windows queued at most; more would be read after the reader needed them.
@@ -28,7 +29,7 @@ const QUEUE: usize = 4;
 /// Read the window after `after` (the last page fetched so far) of `file`: the pages of the
 /// window's tickets, taken by the reader that queued the job, so that it waits for them when it
 /// gets there first instead of reading them itself. Every ticket is finished or aborted.
-pub(super) struct Job {
+struct Job {
     file: FileHandle,
     after: PageKey,
     window: Window,
@@ -45,14 +46,85 @@ enum Window {
 }
 
 impl Window {
-    fn abort(self, engine: &Engine) {
+    fn abort(self, pool: &BufferPool) {
         match self {
-            Window::Extension(tickets) => tickets.into_iter().for_each(|t| engine.pool.abort(t)),
-            Window::DataFile(tickets) => tickets
-                .into_iter()
-                .flatten()
-                .for_each(|t| engine.pool.abort(t)),
+            Window::Extension(tickets) => tickets.into_iter().for_each(|t| pool.abort(t)),
+            Window::DataFile(tickets) => tickets.into_iter().flatten().for_each(|t| pool.abort(t)),
         }
+    }
+}
+
+/// The engine's reads in the background: the readahead thread's queue, and the jobs queued or
+/// running (readahead windows, and the prewarm threads of `warm.rs`), which
+/// [`Engine::wait_for_readahead`] waits out.
+pub(super) struct BackgroundReads {
+    /// The readahead thread's queue, once a scan started it.
+    queue: Mutex<Option<Sender<Job>>>,
+    /// Jobs queued or running. Shared with the threads that run the jobs, which count theirs
+    /// done only after letting go of the engine: once this reads 0, no job keeps the engine
+    /// alive.
+    jobs: Arc<AtomicUsize>,
+}
+
+impl BackgroundReads {
+    pub(super) fn new() -> BackgroundReads {
+        BackgroundReads {
+            queue: Mutex::new(Rank::Leaf, None),
+            jobs: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Queues `job` for the readahead thread, which the first job starts (holding `engine`
+    /// weakly: it ends once the engine is gone). A job refused (a full queue, no thread) has
+    /// its tickets aborted in `pool`.
+    fn queue(&self, job: Job, engine: &Weak<Engine>, pool: &BufferPool) {
+        let mut queue = self.queue.lock();
+        if queue.is_none() {
+            let (tx, rx) = bounded(QUEUE);
+            let (engine, jobs) = (engine.clone(), self.jobs.clone());
+            if crate::sync::spawn("bpe-readahead", move || run(engine, rx, jobs)).is_ok() {
+                *queue = Some(tx);
+            }
+        }
+        self.jobs.fetch_add(1, Relaxed);
+        let refused = match queue.as_ref() {
+            Some(tx) => tx.try_send(job).err().map(|(_, job)| job),
+            None => Some(job), // no thread: the foreground readahead goes on serving scans
+        };
+        drop(queue);
+        if let Some(job) = refused {
+            job.window.abort(pool);
+            self.jobs.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Counts a job that runs on a thread of its own (a prewarm thread) until the returned
+    /// count drops, which the thread lets happen only after letting go of the engine.
+    pub(super) fn count_job(&self) -> CountedJob {
+        self.jobs.fetch_add(1, Relaxed);
+        CountedJob(self.jobs.clone())
+    }
+
+    /// Waits until no job is queued or running. False on timeout.
+    fn wait_idle(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.jobs.load(Relaxed) > 0 {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            crate::sync::yield_now();
+        }
+        true
+    }
+}
+
+/// One background job counted as queued or running ([`BackgroundReads::count_job`]), until
+/// this drops.
+pub(super) struct CountedJob(Arc<AtomicUsize>);
+
+impl Drop for CountedJob {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
     }
 }
 
@@ -103,44 +175,22 @@ impl Engine {
             window,
             queued: Instant::now(),
         };
-        let mut queue = self.prefetcher.lock();
-        if queue.is_none() {
-            let (tx, rx) = bounded(QUEUE);
-            let engine = self.me.clone();
-            if crate::sync::spawn("bpe-readahead", move || run(engine, rx)).is_ok() {
-                *queue = Some(tx);
-            }
-        }
-        self.readahead_jobs.fetch_add(1, Relaxed);
-        let refused = match queue.as_ref() {
-            Some(tx) => tx.try_send(job).err().map(|(_, job)| job),
-            None => Some(job), // no thread: the foreground readahead goes on serving scans
-        };
-        drop(queue);
-        if let Some(job) = refused {
-            job.window.abort(self);
-            self.readahead_jobs.fetch_sub(1, Relaxed);
-        }
+        self.background.queue(job, &self.me, &self.pool);
     }
 
-    /// Waits until no background readahead is queued or running (for checks that need the
-    /// engine still: invariants, tests). False on timeout.
+    /// Waits until no background readahead (or prewarm) is queued or running (for checks that
+    /// need the engine still: invariants, tests). False on timeout.
     pub fn wait_for_readahead(&self, timeout: Duration) -> bool {
-        let deadline = std::time::Instant::now() + timeout;
-        while self.readahead_jobs.load(Relaxed) > 0 {
-            if std::time::Instant::now() >= deadline {
-                return false;
-            }
-            crate::sync::yield_now();
-        }
-        true
+        self.background.wait_idle(timeout)
     }
 }
 
-/// The thread: until the engine is gone (its sender dropped with it).
-fn run(engine: Weak<Engine>, jobs: Receiver<Job>) {
+/// The thread: until the engine is gone (its sender dropped with it). `jobs_left` is the
+/// count of [`BackgroundReads`], each of this thread's jobs counted done once it let go of the
+/// engine.
+fn run(engine: Weak<Engine>, queue: Receiver<Job>, jobs_left: Arc<AtomicUsize>) {
     loop {
-        let job = match jobs.recv_timeout(Duration::from_secs(1)) {
+        let job = match queue.recv_timeout(Duration::from_secs(1)) {
             Ok(job) => job,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => return,
@@ -148,7 +198,6 @@ fn run(engine: Weak<Engine>, jobs: Receiver<Job>) {
         let Some(engine) = engine.upgrade() else {
             return;
         };
-        let jobs_left = engine.readahead_jobs.clone();
         match (job.window, engine.current_extension()) {
             (Window::Extension(tickets), Some(ext)) => {
                 engine.fetch_run(&job.file, &ext, job.after, tickets, job.queued)
@@ -156,7 +205,7 @@ fn run(engine: Weak<Engine>, jobs: Receiver<Job>) {
             (Window::DataFile(tickets), _) => {
                 engine.fetch_data_window(&job.file, job.after, tickets, job.queued)
             }
-            (window, None) => window.abort(&engine),
+            (window, None) => window.abort(&engine.pool),
         }
         drop((engine, job.file));
         jobs_left.fetch_sub(1, Relaxed);

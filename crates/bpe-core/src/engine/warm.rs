@@ -223,21 +223,19 @@ impl Engine {
         let budget = (self.pool.target_bytes() / 10 * 9).saturating_sub(self.pool.used_bytes());
         let plan = Arc::new(PrewarmPlan::new(hot, budget));
         for _ in 0..PREWARM_THREADS {
-            // Counted as a readahead job: `wait_for_readahead` (and the invariant checks) wait
-            // for it.
-            self.readahead_jobs.fetch_add(1, Relaxed);
+            // Counted as a background read: `wait_for_readahead` (and the invariant checks)
+            // wait for it. Counted done once it let go of the engine (or was never spawned).
+            let counted = self.background.count_job();
             let (engine, ext, file, plan) =
                 (self.me.clone(), ext.clone(), file.clone(), plan.clone());
             let spawned = crate::sync::spawn("bpe-prewarm", move || {
                 if let Some(engine) = engine.upgrade() {
-                    let jobs_left = engine.readahead_jobs.clone();
                     engine.prewarm(&ext, &file, &plan);
                     drop((engine, ext, file, plan));
-                    jobs_left.fetch_sub(1, Relaxed);
+                    drop(counted);
                 }
             });
             if let Err(e) = spawned {
-                self.readahead_jobs.fetch_sub(1, Relaxed);
                 log::warn!("buffer pool extension: no prewarm thread: {e}");
             }
         }

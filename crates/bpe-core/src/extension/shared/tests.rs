@@ -667,7 +667,6 @@ fn a_forget_while_a_file_is_being_bound_is_not_lost() {
                 page_size: &|| 4096,
             },
             &Config::default(),
-            &mut || 1,
         )
         .unwrap();
     let stamp = KnownStamp::taken_now(file.stamp_now().unwrap());
