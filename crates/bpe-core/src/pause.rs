@@ -1,6 +1,7 @@
-//! Pause points: named places between a read of state that other processes share and a write
-//! that depends on what was read. A test stops the process there, lets another process commit,
-//! and resumes it, to show that the write rechecks what it read (or is not made at all).
+//! Pause points: named places between a read of state that other processes share and what
+//! depends on what was read (a write of ours, or SQLite's own next read). A test stops the
+//! process there, lets another process commit or checkpoint, and resumes it, to show that what
+//! follows rechecks what was read (or is not done at all).
 //!
 //! Armed from the environment: `BPE_PAUSE_AT=name[,name...]` makes the process stop itself
 //! (`SIGSTOP`, as a debugger would) each time it reaches a named point; the test sees the stop
@@ -16,8 +17,13 @@ pub const LOST_HEADER_SEEN: &str = "lost_header_seen";
 /// The same, with the WAL write lock held and the header rechecked, before it is written.
 pub const LOST_HEADER_LOCKED: &str = "lost_header_locked";
 
+/// A WAL read transaction's read mark is locked and bpe looked at the wal-index
+/// (`begin_wal`); SQLite has not yet read nBackfill, which says which pages it reads from the
+/// file. Another process's checkpoint here writes pages that this transaction reads there.
+pub const WAL_READ_MARK_LOCKED: &str = "wal_read_mark_locked";
+
 /// Every point there is, for the environment's names to be checked against.
-pub const POINTS: [&str; 2] = [LOST_HEADER_SEEN, LOST_HEADER_LOCKED];
+pub const POINTS: [&str; 3] = [LOST_HEADER_SEEN, LOST_HEADER_LOCKED, WAL_READ_MARK_LOCKED];
 
 const UNKNOWN: u8 = 0;
 const UNARMED: u8 = 1;

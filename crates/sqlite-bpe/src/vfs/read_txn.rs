@@ -304,6 +304,9 @@ impl ReadTxn {
         }
         self.token_at_lock = token_at_lock.get();
         self.wal_read_began = true;
+        // Between this look and SQLite's read of nBackfill: where another process's checkpoint
+        // leaves the first read's look something to find (tests/wal_backfill_race.rs).
+        bpe_core::pause::point(bpe_core::pause::WAL_READ_MARK_LOCKED);
     }
 
     /// A read (`xRead`, `xFetch`): the first of a WAL read transaction looks again.
