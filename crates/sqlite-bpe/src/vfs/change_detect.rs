@@ -481,9 +481,17 @@ impl FileWatch {
         let mut w = self.state.lock();
         let first = w.wal.stamp_must_vouch();
         let change = w.wal.look(read_token(), pages);
+        let accounted = change != Forget::Nothing;
         forget(engine, file, change);
         if first && !w.wal.stamp_must_vouch() {
             w.check_first_token(engine, file, file.stamp_now().ok(), false);
+        } else if accounted {
+            // As at the lock (`begin_read_wal`): the backfill just accounted moved the file's
+            // stamp; left unaccepted, the next look for a write outside SQLite's protocol would
+            // take it for one and forget the whole file.
+            if let Ok(s) = file.stamp_now() {
+                file.accept_stamp(s);
+            }
         }
     }
 
