@@ -18,18 +18,23 @@ use std::path::Path;
 
 const DATABASES: usize = 16;
 
-/// The descriptors open on files of `dir` (the databases and their journals, WALs and
-/// wal-indexes) or on bpe's shared memory in /dev/shm (the commit logs). Others are left out: the
-/// engine's publisher opens its counters file for a moment each second, which a count of every
-/// descriptor would catch or not depending on when it ran.
-fn open_descriptors(dir: &Path) -> usize {
+/// The descriptors open on files of `dir` whose names start with `prefix` (one phase's databases
+/// and their journals, WALs and wal-indexes) or on bpe's shared memory in /dev/shm (the commit
+/// logs). Others are left out: the engine's publisher opens its counters file for a moment each
+/// second, and a database closed before the phase (the warm-up's) may keep a descriptor that bpe
+/// lets go of later; a count of those would catch them or not depending on when it ran.
+fn open_descriptors(dir: &Path, prefix: &str) -> usize {
     let dir = dir.canonicalize().unwrap();
     std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
         .filter(|target| {
             let shm = target.to_string_lossy();
-            target.starts_with(&dir)
+            let in_phase = target.parent() == Some(dir.as_path())
+                && target
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(prefix));
+            in_phase
                 || (shm.starts_with("/dev/shm/sqlite-bpe-")
                     && !shm.ends_with(".tmp")
                     && !shm.ends_with(".counters"))
@@ -40,10 +45,11 @@ fn open_descriptors(dir: &Path) -> usize {
 /// Descriptors per database with `DATABASES` databases of `dir` open through `vfs` in
 /// `journal` mode, each in a write transaction.
 fn per_database(dir: &Path, vfs: &str, journal: &str) -> f64 {
-    let before = open_descriptors(dir);
+    let prefix = format!("{vfs}-{journal}-");
+    let before = open_descriptors(dir, &prefix);
     let conns: Vec<Connection> = (0..DATABASES)
         .map(|i| {
-            let path = dir.join(format!("{vfs}-{journal}-{i}.db"));
+            let path = dir.join(format!("{prefix}{i}.db"));
             let c = match vfs {
                 "bpe" => open_bpe(&path),
                 _ => open_unix(&path),
@@ -57,7 +63,7 @@ fn per_database(dir: &Path, vfs: &str, journal: &str) -> f64 {
             c
         })
         .collect();
-    let during = open_descriptors(dir);
+    let during = open_descriptors(dir, &prefix);
     for c in conns {
         c.execute_batch("COMMIT").unwrap();
     }
